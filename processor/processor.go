@@ -1,0 +1,99 @@
+// Package processor defines what ratchet applies to PostgreSQL: a Processor
+// receives one batch of decoded records of one partition, in offset order,
+// together with the open transaction the batch commits in.
+//
+// The contract is what makes ratchet's guarantees hold for custom code:
+//
+//   - Process must do all of its writes through tx. ratchet commits tx only
+//     after Process returns nil, and in exactly-once mode the same
+//     transaction moves the partition's stored offset, so the writes and the
+//     offset are applied together or not at all.
+//   - Process may be called again with the same records after a failure (the
+//     transaction was rolled back). It must not keep side effects outside tx.
+//   - Returning an error marked with Permanent says the batch can never
+//     succeed as it is; ratchet then isolates the records that cause it.
+//     Any other error is classified by its cause (PostgreSQL SQLSTATE,
+//     connection loss) and retried when transient.
+//   - Process runs on the partition's own goroutine; batches of one partition
+//     never overlap, batches of different partitions run concurrently.
+package processor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	ratchetv1 "ratchet/messages/ratchet/v1"
+)
+
+// Record is one decoded Kafka record.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte    // the raw record value, as read from Kafka
+	Timestamp time.Time // the Kafka record timestamp (producer create time)
+	Event     *ratchetv1.Event
+}
+
+// Batch is a contiguous run of one partition's log. Start is the partition's
+// stored position before the batch (the first offset not yet applied) and
+// Next is the position after it. Records holds the records to apply, in
+// offset order; offsets between Start and Next that are not in Records were
+// either absent from the log (compaction, transaction markers) or dead
+// lettered.
+type Batch struct {
+	Topic     string
+	Partition int32
+	Start     int64
+	Next      int64
+	Records   []Record
+}
+
+// Processor applies batches. Implementations must be safe for concurrent use
+// by several partitions.
+type Processor interface {
+	// Name identifies the processor in logs and metrics.
+	Name() string
+	// Process applies b inside tx. See the package documentation for the
+	// contract.
+	Process(ctx context.Context, tx pgx.Tx, b Batch) error
+}
+
+// Func adapts a function to a Processor.
+type Func struct {
+	ProcessorName string
+	Fn            func(ctx context.Context, tx pgx.Tx, b Batch) error
+}
+
+// Name returns f.ProcessorName.
+func (f Func) Name() string { return f.ProcessorName }
+
+// Process calls f.Fn.
+func (f Func) Process(ctx context.Context, tx pgx.Tx, b Batch) error { return f.Fn(ctx, tx, b) }
+
+// permanentError marks an error as one that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as a record error: retrying the same records will not
+// help, so ratchet isolates the offending records and dead-letters them.
+// Permanent(nil) returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with
+// Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
