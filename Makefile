@@ -1,0 +1,28 @@
+# ratchet — the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+GO    ?= go
+BIN   ?= bin/ratchet
+PKGS  := ./...
+
+.PHONY: run test vet build clean
+
+## run: start PostgreSQL if needed, then `ratchet dev` (broker, demo producer, engine, page).
+run:
+	@bash scripts/dev-postgres.sh
+	$(GO) run ./cmd/ratchet dev
+
+## test: vet, the proto drift check, and every test (integration included) with the race detector.
+test: vet proto-check
+	$(GO) test -race -count=1 -timeout 45m $(PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+## build: the ratchet binary in bin/.
+build:
+	$(GO) build -o $(BIN) ./cmd/ratchet
+
+clean:
+	rm -rf bin
+
+include proto.mk

@@ -1,0 +1,167 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/internal/metrics"
+)
+
+// OffsetCommitter commits explicit offsets to Kafka. *kafka.Consumer
+// implements it. CommitOffsets blocks until the broker answered (it has no
+// timeout of its own: socket.timeout.ms bounds it) and may return a nil
+// error while single partitions carry one.
+type OffsetCommitter interface {
+	CommitOffsets(offsets []kafka.TopicPartition) ([]kafka.TopicPartition, error)
+}
+
+// CommitterConfig configures a Committer.
+type CommitterConfig struct {
+	// Kafka returns the consumer to commit through. It is a function
+	// because the consumer is rebuilt on reconnect; it returns nil while
+	// there is none.
+	Kafka    func() OffsetCommitter
+	Interval time.Duration
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
+}
+
+// Committer keeps the highest applied watermark of every assigned partition
+// and commits the changed ones to Kafka in one request per Interval, however
+// many records were applied: the commit load does not grow with the message
+// rate. Flush commits synchronously (revoke, reconnect, stop).
+//
+// A watermark only moves forward: a report lower than the known one is
+// ignored and counted, so a late message can never rewind the group.
+type Committer struct {
+	cfg        CommitterConfig
+	parts      map[TopicPartition]*commitState
+	timer      *time.Timer
+	timerArmed bool
+}
+
+type commitState struct {
+	gen       uint64
+	next      int64 // highest applied watermark reported
+	committed int64 // last watermark Kafka acknowledged
+}
+
+// NewCommitter returns the committer actor's producer.
+func NewCommitter(cfg CommitterConfig) actor.Producer {
+	return func() actor.Actor {
+		return &Committer{cfg: cfg, parts: make(map[TopicPartition]*commitState)}
+	}
+}
+
+// Receive implements actor.Actor.
+func (m *Committer) Receive(c actor.Context) {
+	switch msg := c.Message().(type) {
+	case *Register:
+		m.parts[msg.TP] = &commitState{gen: msg.Gen, next: msg.Start, committed: msg.Start}
+	case *OffsetApplied:
+		st, ok := m.parts[msg.TP]
+		if !ok || st.gen != msg.Gen || msg.Next <= st.next {
+			if ok && st.gen == msg.Gen && msg.Next < st.next {
+				m.cfg.Metrics.StaleOffsets.Inc()
+			}
+			return
+		}
+		st.next = msg.Next
+		m.arm(c)
+	case *commitTick:
+		m.timerArmed = false
+		if _, err := m.commit(nil); err != nil {
+			m.cfg.Logger.Warn("offset commit failed, retrying next interval", "actor", "committer", "err", err)
+			m.arm(c)
+		}
+	case *Flush:
+		done, err := m.commit(msg.TPs)
+		if msg.Forget {
+			for _, tp := range msg.TPs {
+				delete(m.parts, tp)
+			}
+		}
+		c.Respond(&Flushed{Committed: done, Err: err})
+	case *Forget:
+		for _, tp := range msg.TPs {
+			delete(m.parts, tp)
+		}
+	case *actor.Stopping:
+		if m.timer != nil {
+			m.timer.Stop()
+		}
+	}
+}
+
+// arm schedules one commitTick after Interval unless one is pending. This is
+// what coalesces commits: however many OffsetApplied arrive meanwhile, they
+// become one request.
+func (m *Committer) arm(c actor.Context) {
+	if m.timerArmed {
+		return
+	}
+	m.timerArmed = true
+	self, root := c.Self(), c.ActorSystem().Root
+	m.timer = time.AfterFunc(m.cfg.Interval, func() { root.Send(self, &commitTick{}) })
+}
+
+// commit commits the watermarks of tps (all when nil) that are ahead of
+// Kafka, in one request, and returns what was committed.
+func (m *Committer) commit(tps []TopicPartition) (map[TopicPartition]int64, error) {
+	var offsets []kafka.TopicPartition
+	add := func(tp TopicPartition, st *commitState) {
+		if st.next > st.committed && st.next >= 0 {
+			topic := tp.Topic
+			offsets = append(offsets, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(st.next)})
+		}
+	}
+	if tps == nil {
+		for tp, st := range m.parts {
+			add(tp, st)
+		}
+	} else {
+		for _, tp := range tps {
+			if st, ok := m.parts[tp]; ok {
+				add(tp, st)
+			}
+		}
+	}
+	if len(offsets) == 0 {
+		return nil, nil
+	}
+	k := m.cfg.Kafka()
+	if k == nil {
+		m.cfg.Metrics.Commits.WithLabelValues("no_consumer").Inc()
+		return nil, errors.New("commit offsets: no consumer")
+	}
+	res, err := k.CommitOffsets(offsets)
+	if err != nil {
+		m.cfg.Metrics.Commits.WithLabelValues("error").Inc()
+		return nil, fmt.Errorf("commit %d partitions: %w", len(offsets), err)
+	}
+	done := make(map[TopicPartition]int64, len(res))
+	var errs []error
+	for _, r := range res {
+		tp := TopicPartition{Topic: *r.Topic, Partition: r.Partition}
+		if r.Error != nil {
+			errs = append(errs, fmt.Errorf("commit %s: %w", tp, r.Error))
+			continue
+		}
+		if st, ok := m.parts[tp]; ok && int64(r.Offset) > st.committed {
+			st.committed = int64(r.Offset)
+		}
+		done[tp] = int64(r.Offset)
+		m.cfg.Metrics.CommittedOffset.WithLabelValues(tp.Topic, metrics.Partition(tp.Partition)).Set(float64(r.Offset))
+	}
+	if len(errs) > 0 {
+		m.cfg.Metrics.Commits.WithLabelValues("partial").Inc()
+		return done, errors.Join(errs...)
+	}
+	m.cfg.Metrics.Commits.WithLabelValues("ok").Inc()
+	return done, nil
+}

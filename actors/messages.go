@@ -1,0 +1,96 @@
+package actors
+
+import (
+	"fmt"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
+
+// TopicPartition names one partition of one topic.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+func (tp TopicPartition) String() string { return fmt.Sprintf("%s[%d]", tp.Topic, tp.Partition) }
+
+// Records carries records of one partition, in offset order. Sent by the
+// supervisor's poll loop to the partition actor. Seek is the partition's seek
+// generation when the poll loop read them; a partition drops records of an
+// older generation (they were fetched before a seek it asked for).
+type Records struct {
+	Seek uint64
+	Msgs []*kafka.Message
+}
+
+// Drain asks a partition actor to stop starting batches and to report its
+// watermark once the batch in flight, if any, is applied. Sent by the poll
+// loop on revoke and on stop, with RequestFuture; the reply is *Drained.
+type Drain struct{}
+
+// Drained is a partition actor's reply to Drain. Next is the first offset it
+// has not applied (-1 when it never saw a record).
+type Drained struct {
+	TP   TopicPartition
+	Next int64
+}
+
+// OffsetApplied tells the committer that a partition applied everything
+// before Next. Sent by the partition actor after each batch transaction
+// committed. Gen is the assignment generation the committer registered the
+// partition with; reports of another generation are stale and ignored.
+type OffsetApplied struct {
+	TP   TopicPartition
+	Gen  uint64
+	Next int64
+}
+
+// Register starts tracking a partition in the committer. Sent by the poll
+// loop when the partition is assigned, before any OffsetApplied of that
+// generation can exist. Start is the position the assignment starts at (the
+// committed offset, or -1 when none is known).
+type Register struct {
+	TP    TopicPartition
+	Gen   uint64
+	Start int64
+}
+
+// Flush asks the committer to commit synchronously the watermarks of TPs
+// (all partitions when TPs is nil) that are ahead of what Kafka has, and then
+// to forget them when Forget is set (revoke). Sent by the poll loop with
+// RequestFuture on revoke, reconnect and stop; the reply is *Flushed.
+type Flush struct {
+	TPs    []TopicPartition
+	Forget bool
+}
+
+// Flushed is the committer's reply to Flush. Committed holds what was
+// committed in this flush; Err is the commit error, if any.
+type Flushed struct {
+	Committed map[TopicPartition]int64
+	Err       error
+}
+
+// Forget drops partitions from the committer without committing them (the
+// assignment was lost: another member may own them already). Sent by the
+// poll loop.
+type Forget struct {
+	TPs []TopicPartition
+}
+
+// Seeked tells a restarted partition actor that the poll loop moved the
+// partition's fetch position back to its watermark. Records of an older Seek
+// generation must be dropped. Sent by the poll loop in answer to a seek
+// request.
+type Seeked struct {
+	Seek uint64
+	Next int64
+	Err  error
+}
+
+// commitTick is the committer's timer message: commit what changed.
+type commitTick struct{}
+
+// lingerExpired is a partition's timer message: the oldest buffered record
+// has waited batch_linger.
+type lingerExpired struct{ seq uint64 }

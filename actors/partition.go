@@ -1,0 +1,311 @@
+package actors
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/internal/event"
+	"ratchet/internal/metrics"
+	"ratchet/internal/store"
+	"ratchet/processor"
+)
+
+// Applier applies one batch in one PostgreSQL transaction. With a claim
+// (exactly-once) the same transaction moves the stored offset from b.Start to
+// b.Next, guarded by the claim's epoch. *store.Store implements it.
+type Applier interface {
+	Apply(ctx context.Context, b processor.Batch, claim *store.Claim) error
+}
+
+// PartitionConfig configures one partition actor.
+type PartitionConfig struct {
+	TP        TopicPartition
+	Gen       uint64       // assignment generation, for the committer
+	Start     int64        // first offset to apply; -1 when unknown (take the first record's)
+	Claim     *store.Claim // exactly-once claim; nil in at-least-once mode
+	Format    string       // protobuf or json
+	BatchSize int
+	Linger    time.Duration
+	Retry     RetryPolicy
+	Applier   Applier
+	Committer *actor.PID
+	DLQ       DeadLetterer
+	// Buffered counts records handed to this partition and not yet applied
+	// or dropped. The poll loop adds, the actor subtracts; the poll loop
+	// pauses the partition above the configured bound.
+	Buffered *atomic.Int64
+	// Seek asks the poll loop to move the fetch position to next (after a
+	// restart); the answer arrives as *Seeked.
+	Seek    func(self *actor.PID, tp TopicPartition, next int64)
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
+}
+
+// partitionState is what a partition actor keeps across supervised
+// restarts: the producer closes over it, every incarnation reads it in
+// Started. Only the current incarnation touches it.
+type partitionState struct {
+	next     int64  // first offset not applied
+	seek     uint64 // accepted seek generation
+	restarts int
+	fenced   bool
+}
+
+// entry is one buffered record: decoded, or poison with the reason.
+type entry struct {
+	rec    processor.Record
+	poison error
+}
+
+// Partition applies one partition's records in order, one batch in flight at
+// a time, so its watermark is always contiguous. The batch I/O runs in its
+// child, the retry actor; the partition itself only buffers and decides, so
+// Drain is answered promptly even while a batch is slow.
+type Partition struct {
+	cfg   *PartitionConfig
+	state *partitionState
+
+	queue      []entry
+	firstAt    time.Time // arrival of queue[0]
+	lastQueued int64     // offset after the last queued record
+	inFlight   *processor.Batch
+	inFlightN  int // raw records the batch in flight covers
+	draining   bool
+	drainers   []*actor.PID
+	awaitSeek  bool // restarted: drop records until the seek is confirmed
+
+	retry       *actor.PID
+	retryCancel context.CancelFunc
+	timer       *time.Timer
+	timerSeq    uint64
+}
+
+// NewPartition returns the producer of a partition actor.
+func NewPartition(cfg *PartitionConfig) actor.Producer {
+	st := &partitionState{next: cfg.Start}
+	return func() actor.Actor { return &Partition{cfg: cfg, state: st} }
+}
+
+func (p *Partition) log() *slog.Logger {
+	return p.cfg.Logger.With("actor", "partition", "topic", p.cfg.TP.Topic, "partition", p.cfg.TP.Partition)
+}
+
+// Receive implements actor.Actor.
+func (p *Partition) Receive(c actor.Context) {
+	switch msg := c.Message().(type) {
+	case *actor.Started:
+		p.started(c)
+	case *Records:
+		p.enqueue(c, msg)
+	case *lingerExpired:
+		if msg.seq == p.timerSeq {
+			p.maybeDispatch(c, true)
+		}
+	case *batchDone:
+		p.batchDone(c, msg)
+	case *Drain:
+		p.draining = true
+		if p.inFlight == nil {
+			c.Respond(&Drained{TP: p.cfg.TP, Next: p.state.next})
+			return
+		}
+		p.drainers = append(p.drainers, c.Sender())
+	case *Seeked:
+		p.seeked(c, msg)
+	case *actor.Restarting, *actor.Stopping:
+		p.stopTimer()
+		if p.retryCancel != nil {
+			p.retryCancel()
+		}
+		// Records still queued were never applied: they are no longer ours
+		// to account for (a restart re-reads them after the seek, a stop
+		// hands them to the next owner).
+		p.release(len(p.queue) + p.inFlightN)
+		p.queue, p.inFlight, p.inFlightN = nil, nil, 0
+	}
+}
+
+func (p *Partition) started(c actor.Context) {
+	ctx, cancel := context.WithCancel(context.Background())
+	p.retryCancel = cancel
+	p.retry = c.Spawn(actor.PropsFromProducer(newRetry(ctx, p.cfg)))
+	p.lastQueued = p.state.next
+	if p.state.restarts > 0 {
+		// A restarted incarnation cannot trust its mailbox: records after
+		// the failed one may be queued, the failed one is gone. Ask for the
+		// fetch position to move back to the watermark and ignore
+		// everything until that is confirmed.
+		p.awaitSeek = true
+		p.cfg.Seek(c.Self(), p.cfg.TP, p.state.next)
+	}
+	p.state.restarts++
+}
+
+func (p *Partition) seeked(c actor.Context, msg *Seeked) {
+	if msg.Err != nil {
+		// The poll loop could not seek (the partition is being revoked, or
+		// the consumer is being rebuilt). Stay quiet: the next owner, or the
+		// next assignment, starts from the committed watermark.
+		p.log().Warn("seek after restart failed", "offset", msg.Next, "err", msg.Err)
+		return
+	}
+	p.awaitSeek = false
+	p.state.seek = msg.Seek
+	p.lastQueued = p.state.next
+}
+
+func (p *Partition) enqueue(c actor.Context, msg *Records) {
+	if p.awaitSeek || msg.Seek < p.state.seek || p.state.fenced {
+		p.release(len(msg.Msgs))
+		return
+	}
+	dropped := 0
+	for _, m := range msg.Msgs {
+		off := int64(m.TopicPartition.Offset)
+		if p.lastQueued >= 0 && off < p.lastQueued {
+			dropped++ // already applied or already queued: a redelivery
+			continue
+		}
+		if p.state.next < 0 {
+			p.state.next = off // first record of a partition with no position
+		}
+		p.lastQueued = off + 1
+		if len(p.queue) == 0 {
+			p.firstAt = time.Now()
+		}
+		p.queue = append(p.queue, p.decode(m))
+	}
+	p.release(dropped)
+	p.maybeDispatch(c, false)
+}
+
+func (p *Partition) decode(m *kafka.Message) entry {
+	rec := processor.Record{
+		Topic:     p.cfg.TP.Topic,
+		Partition: p.cfg.TP.Partition,
+		Offset:    int64(m.TopicPartition.Offset),
+		Key:       m.Key,
+		Value:     m.Value,
+		Timestamp: m.Timestamp,
+	}
+	ev, err := event.Decode(p.cfg.Format, m.Value)
+	if err != nil {
+		return entry{rec: rec, poison: err}
+	}
+	rec.Event = ev
+	return entry{rec: rec}
+}
+
+// maybeDispatch starts the next batch when none is in flight and the queue
+// holds a full batch, or its oldest record has waited the linger time.
+func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
+	if p.inFlight != nil || p.draining || len(p.queue) == 0 {
+		return
+	}
+	waited := time.Since(p.firstAt)
+	if len(p.queue) < p.cfg.BatchSize && !lingerDue && waited < p.cfg.Linger {
+		p.armTimer(c, p.cfg.Linger-waited)
+		return
+	}
+	n := min(len(p.queue), p.cfg.BatchSize)
+	take := p.queue[:n]
+	b := processor.Batch{
+		Topic:     p.cfg.TP.Topic,
+		Partition: p.cfg.TP.Partition,
+		Start:     p.state.next,
+		Next:      take[n-1].rec.Offset + 1,
+		Records:   make([]processor.Record, 0, n),
+	}
+	var poison []deadLetter
+	for _, e := range take {
+		if e.poison != nil {
+			poison = append(poison, deadLetter{rec: e.rec, err: e.poison})
+			continue
+		}
+		b.Records = append(b.Records, e.rec)
+	}
+	p.queue = append(p.queue[:0:0], p.queue[n:]...)
+	if len(p.queue) > 0 {
+		p.firstAt = time.Now()
+	}
+	p.inFlight, p.inFlightN = &b, n
+	p.stopTimer()
+	c.Send(p.retry, &applyBatch{batch: b, poison: poison})
+}
+
+func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
+	if p.inFlight == nil || msg.next != p.inFlight.Next {
+		return // a reply for an incarnation's batch that no longer exists
+	}
+	n := p.inFlightN
+	p.inFlight, p.inFlightN = nil, 0
+	p.release(n)
+	if msg.err != nil {
+		if store.IsOffsetConflict(msg.err) {
+			// Another instance claimed the partition (fenced), or the batch
+			// does not start where the stored offset is. Either way this
+			// actor must never write again; the rebalance that follows
+			// hands the partition to its owner.
+			p.state.fenced = true
+			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
+			p.log().Error("batch refused by the offset guard; partition stopped", "offset", msg.start,
+				"epoch", p.epoch(), "err", msg.err)
+			p.release(len(p.queue))
+			p.queue = nil
+			p.answerDrainers(c)
+			return
+		}
+		// Only cancellation (stop) ends a retry without success.
+		p.log().Warn("batch abandoned", "offset", msg.start, "err", msg.err)
+		p.answerDrainers(c)
+		return
+	}
+	p.state.next = msg.next
+	p.cfg.Metrics.StoredOffset.WithLabelValues(p.cfg.TP.Topic, metrics.Partition(p.cfg.TP.Partition)).Set(float64(msg.next))
+	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next})
+	if p.draining {
+		p.answerDrainers(c)
+		return
+	}
+	p.maybeDispatch(c, false)
+}
+
+func (p *Partition) answerDrainers(c actor.Context) {
+	for _, d := range p.drainers {
+		c.Send(d, &Drained{TP: p.cfg.TP, Next: p.state.next})
+	}
+	p.drainers = nil
+}
+
+func (p *Partition) epoch() int64 {
+	if p.cfg.Claim == nil {
+		return 0
+	}
+	return p.cfg.Claim.Epoch
+}
+
+func (p *Partition) release(n int) {
+	if n > 0 {
+		p.cfg.Buffered.Add(int64(-n))
+	}
+}
+
+func (p *Partition) armTimer(c actor.Context, d time.Duration) {
+	p.stopTimer()
+	p.timerSeq++
+	seq, self, root := p.timerSeq, c.Self(), c.ActorSystem().Root
+	p.timer = time.AfterFunc(d, func() { root.Send(self, &lingerExpired{seq: seq}) })
+}
+
+func (p *Partition) stopTimer() {
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	p.timerSeq++
+}

@@ -1,0 +1,239 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"ratchet/internal/metrics"
+	"ratchet/internal/store"
+	"ratchet/processor"
+)
+
+// RetryPolicy bounds record-level retries.
+type RetryPolicy struct {
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+	// MaxAttempts is how often a batch that fails with an unclassified error
+	// is tried before its records are isolated. Transient errors (connection
+	// loss, serialization failures, ...) are retried for as long as they
+	// last; record errors (data exceptions, constraint violations,
+	// processor.Permanent) are isolated at once.
+	MaxAttempts int
+}
+
+// Backoff returns the wait before retry number attempt (0-based):
+// exponential, capped at MaxBackoff, with jitter in [d/2, d] so partitions
+// that failed together do not retry in lockstep.
+func (r RetryPolicy) Backoff(attempt int) time.Duration {
+	d := r.InitialBackoff
+	for i := 0; i < attempt && d < r.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, r.MaxBackoff)
+	if d <= 1 {
+		return d
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// DeadLetterer hands a record that can never be applied to the dead-letter
+// topic and returns once it is durable there. It blocks (retrying) rather
+// than drop anything; it returns an error only when ctx ends.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, rec processor.Record, reason error, attempts int) error
+}
+
+// PanicError is a panic recovered from a processor, with its stack.
+type PanicError struct {
+	Value  any
+	Offset int64 // first offset of the batch that panicked
+	Stack  []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("processor panic: %v", e.Value) }
+
+// applyBatch asks the retry actor to apply a batch. Sent by the partition
+// actor, at most one at a time. Poison records of the batch's range, found
+// while decoding, travel with it: they are dead-lettered before the batch
+// transaction moves the offset past them.
+type applyBatch struct {
+	batch  processor.Batch
+	poison []deadLetter
+}
+
+type deadLetter struct {
+	rec processor.Record
+	err error
+}
+
+// batchDone is the retry actor's answer to applyBatch: the batch's range is
+// applied (err nil), refused by the offset guard, or abandoned because the
+// actor is stopping.
+type batchDone struct {
+	start, next int64
+	err         error
+}
+
+// retry applies batches for its parent partition actor. A transient failure
+// is retried with backoff for as long as it lasts; a record failure is
+// isolated by bisecting the batch, so the good records are applied, in
+// order, and each bad record goes to the dead-letter topic. It runs as a
+// child so that its parent keeps answering Drain while a batch waits here.
+type retry struct {
+	ctx context.Context // cancelled by the parent when it stops or restarts
+	cfg *PartitionConfig
+}
+
+func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
+	return func() actor.Actor { return &retry{ctx: ctx, cfg: cfg} }
+}
+
+// Receive implements actor.Actor.
+func (r *retry) Receive(c actor.Context) {
+	msg, ok := c.Message().(*applyBatch)
+	if !ok {
+		return
+	}
+	err := r.run(msg)
+	c.Send(c.Parent(), &batchDone{start: msg.batch.Start, next: msg.batch.Next, err: err})
+}
+
+func (r *retry) run(msg *applyBatch) error {
+	for _, d := range msg.poison {
+		if err := r.deadLetter(d.rec, d.err, 1); err != nil {
+			return err
+		}
+	}
+	return r.apply(msg.batch, r.cfg.Retry.MaxAttempts)
+}
+
+// apply applies b, retrying per the policy; attempts bounds unclassified
+// failures.
+func (r *retry) apply(b processor.Batch, attempts int) error {
+	var degradedSince time.Time
+	defer func() {
+		if !degradedSince.IsZero() {
+			r.cfg.Metrics.DegradedSeconds.Add(time.Since(degradedSince).Seconds())
+		}
+	}()
+	for attempt := 0; ; attempt++ {
+		if r.cfg.Claim == nil && len(b.Records) == 0 {
+			return nil // at-least-once: nothing to write, the commit moves the offset
+		}
+		began := time.Now()
+		err := r.safeApply(b)
+		if err == nil {
+			r.observe(b, began)
+			return nil
+		}
+		if r.ctx.Err() != nil {
+			return r.ctx.Err()
+		}
+		switch {
+		case store.IsOffsetConflict(err):
+			return err
+		case store.IsTransient(err):
+			if degradedSince.IsZero() {
+				degradedSince = time.Now()
+			}
+			r.cfg.Metrics.Retries.WithLabelValues("transient").Inc()
+			r.cfg.Logger.Warn("transient failure, retrying", "actor", "retry", "topic", b.Topic,
+				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
+		case store.IsRecordError(err) || attempt+1 >= attempts:
+			r.cfg.Metrics.Retries.WithLabelValues("record").Inc()
+			return r.isolate(b, err, attempt+1)
+		default:
+			r.cfg.Metrics.Retries.WithLabelValues("unclassified").Inc()
+			r.cfg.Logger.Warn("batch failed, retrying", "actor", "retry", "topic", b.Topic,
+				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
+		}
+		if err := sleep(r.ctx, r.cfg.Retry.Backoff(attempt)); err != nil {
+			return err
+		}
+	}
+}
+
+// isolate splits a failing batch in two contiguous halves and applies each,
+// until the failing record stands alone; that one is dead-lettered and the
+// offset moves past it. Halves are tried once for unclassified errors,
+// except a single record, which gets the full attempts.
+func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
+	switch len(b.Records) {
+	case 0:
+		// Only the offset update failed with a record error: nothing to
+		// isolate. Surface it: retrying cannot help.
+		return fmt.Errorf("offset update of %s[%d] at %d: %w", b.Topic, b.Partition, b.Start, cause)
+	case 1:
+		if !store.IsRecordError(cause) && attempts < r.cfg.Retry.MaxAttempts {
+			return r.apply(b, r.cfg.Retry.MaxAttempts)
+		}
+		if err := r.deadLetter(b.Records[0], cause, attempts); err != nil {
+			return err
+		}
+		b.Records = nil
+		return r.apply(b, r.cfg.Retry.MaxAttempts)
+	}
+	m := len(b.Records) / 2
+	mid := b.Records[m].Offset
+	first := processor.Batch{Topic: b.Topic, Partition: b.Partition, Start: b.Start, Next: mid, Records: b.Records[:m]}
+	second := processor.Batch{Topic: b.Topic, Partition: b.Partition, Start: mid, Next: b.Next, Records: b.Records[m:]}
+	if err := r.apply(first, 1); err != nil {
+		return err
+	}
+	return r.apply(second, 1)
+}
+
+// safeApply turns a processor panic into a *PanicError, so a panicking
+// record is isolated like any other bad record instead of killing the
+// batch's context.
+func (r *retry) safeApply(b processor.Batch) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
+		}
+	}()
+	return r.cfg.Applier.Apply(r.ctx, b, r.cfg.Claim)
+}
+
+func (r *retry) deadLetter(rec processor.Record, reason error, attempts int) error {
+	r.cfg.Logger.Warn("dead letter", "actor", "retry", "topic", rec.Topic, "partition", rec.Partition,
+		"offset", rec.Offset, "reason", reason.Error())
+	if err := r.cfg.DLQ.DeadLetter(r.ctx, rec, reason, attempts); err != nil {
+		return fmt.Errorf("dead letter %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
+	}
+	r.cfg.Metrics.DeadLetters.WithLabelValues(rec.Topic).Inc()
+	return nil
+}
+
+func (r *retry) observe(b processor.Batch, began time.Time) {
+	now := time.Now()
+	m := r.cfg.Metrics
+	part := metrics.Partition(b.Partition)
+	m.Records.WithLabelValues(b.Topic, part).Add(float64(len(b.Records)))
+	m.Batches.WithLabelValues(b.Topic, part).Inc()
+	m.BatchSeconds.WithLabelValues(b.Topic).Observe(now.Sub(began).Seconds())
+	e2e := m.EndToEndSeconds.WithLabelValues(b.Topic)
+	for i := range b.Records {
+		if ts := b.Records[i].Timestamp; !ts.IsZero() {
+			e2e.Observe(max(now.Sub(ts).Seconds(), 0))
+		}
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,565 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/internal/metrics"
+	"ratchet/internal/store"
+)
+
+// ClaimFunc claims a partition for this instance in the offset store
+// (exactly-once): the epoch grows by one and the stored position is
+// returned. fallback is the position for a partition the store has never
+// seen.
+type ClaimFunc func(ctx context.Context, topic string, partition int32, fallback int64) (store.Claim, error)
+
+// SupervisorConfig configures the supervisor and its poll loop.
+type SupervisorConfig struct {
+	// NewConsumer builds a consumer (not yet subscribed).
+	NewConsumer func() (*kafka.Consumer, error)
+	// OnConsumer is told about every consumer built, and nil once it is
+	// closed; the committer commits through it.
+	OnConsumer func(*kafka.Consumer)
+	Topics     []string
+	// Claim is set in exactly-once mode, nil in at-least-once mode.
+	Claim ClaimFunc
+	// Format returns the value format of a topic (protobuf or json).
+	Format func(topic string) string
+	// AutoOffsetReset (earliest or latest) places a partition that has
+	// neither a stored nor a committed offset.
+	AutoOffsetReset string
+	BatchSize       int
+	Linger          time.Duration
+	MaxBuffered     int
+	Retry           RetryPolicy
+	Applier         Applier
+	DLQ             DeadLetterer
+	Committer       *actor.PID
+	// DrainTimeout bounds the drain and flush of a revoke and of a stop.
+	DrainTimeout time.Duration
+	// MaxRestarts within RestartWindow is a partition actor's restart
+	// budget; past it the partition actor is stopped.
+	MaxRestarts   int
+	RestartWindow time.Duration
+	Metrics       *metrics.Metrics
+	Logger        *slog.Logger
+}
+
+// Supervisor owns the Kafka consumer and its poll loop, and is the parent of
+// the partition actors. Run blocks: the calling goroutine becomes the poll
+// loop, the only goroutine that ever calls Poll (and so the one that runs the
+// rebalance callback).
+type Supervisor struct {
+	cfg    SupervisorConfig
+	system *actor.ActorSystem
+	pid    *actor.PID
+
+	// Fields below are touched only by the poll loop goroutine.
+	consumer *kafka.Consumer
+	parts    map[TopicPartition]*assigned
+	pending  map[TopicPartition][]*kafka.Message
+	gen      uint64
+	seeks    chan seekRequest
+}
+
+// assigned is the poll loop's record of one assigned partition.
+type assigned struct {
+	pid      *actor.PID
+	gen      uint64
+	seek     uint64
+	buffered *atomic.Int64
+	paused   bool
+}
+
+type seekRequest struct {
+	pid  *actor.PID
+	tp   TopicPartition
+	next int64
+}
+
+// NewSupervisor returns a supervisor for cfg in system.
+func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor {
+	return &Supervisor{
+		cfg:     cfg,
+		system:  system,
+		parts:   make(map[TopicPartition]*assigned),
+		pending: make(map[TopicPartition][]*kafka.Message),
+		seeks:   make(chan seekRequest, 1024),
+	}
+}
+
+// Run spawns the supervisor actor, builds the consumer, subscribes and polls
+// until ctx is done, then stops: stop polling, drain every partition (finish
+// its batch in flight), flush the committer, close the consumer (bounded:
+// Close can hang after a fatal error), stop the actors. It returns nil on a
+// clean stop.
+func (s *Supervisor) Run(ctx context.Context) error {
+	props := actor.PropsFromProducer(func() actor.Actor { return &supervisorActor{cfg: &s.cfg} },
+		actor.WithGuardian(actor.NewOneForOneStrategy(0, time.Second, actor.DefaultDecider)))
+	pid, err := s.system.Root.SpawnNamed(props, "supervisor")
+	if err != nil {
+		return fmt.Errorf("spawn supervisor: %w", err)
+	}
+	s.pid = pid
+	defer func() { _ = s.system.Root.StopFuture(pid).Wait() }()
+
+	c, err := s.cfg.NewConsumer()
+	if err != nil {
+		return err
+	}
+	s.consumer = c
+	s.cfg.OnConsumer(c)
+	if err := c.SubscribeTopics(s.cfg.Topics, s.rebalance); err != nil {
+		s.closeConsumer()
+		return fmt.Errorf("subscribe %v: %w", s.cfg.Topics, err)
+	}
+	runErr := s.poll(ctx)
+	s.stop()
+	return runErr
+}
+
+// poll is the loop. It returns nil when ctx is done and an error after a
+// fatal consumer error.
+func (s *Supervisor) poll(ctx context.Context) error {
+	for ctx.Err() == nil {
+		s.serveSeeks()
+		if err := s.handle(s.consumer.Poll(100)); err != nil {
+			return err
+		}
+		// Take what is already fetched without waiting, so records reach
+		// their partitions in runs rather than one message at a time.
+		for range 1000 {
+			ev := s.consumer.Poll(0)
+			if ev == nil {
+				break
+			}
+			if err := s.handle(ev); err != nil {
+				return err
+			}
+		}
+		s.flushPending()
+		s.backpressure()
+	}
+	return nil
+}
+
+func (s *Supervisor) handle(ev kafka.Event) error {
+	switch e := ev.(type) {
+	case nil:
+	case *kafka.Message:
+		if e.TopicPartition.Error != nil {
+			s.cfg.Logger.Warn("consumer message error", "topic", *e.TopicPartition.Topic,
+				"partition", e.TopicPartition.Partition, "err", e.TopicPartition.Error)
+			return nil
+		}
+		tp := TopicPartition{Topic: *e.TopicPartition.Topic, Partition: e.TopicPartition.Partition}
+		if _, ok := s.parts[tp]; ok {
+			s.pending[tp] = append(s.pending[tp], e)
+		}
+	case kafka.Error:
+		if e.IsFatal() {
+			s.cfg.Logger.Error("fatal consumer error", "code", e.Code().String(), "err", e)
+			return fmt.Errorf("fatal consumer error: %w", e)
+		}
+		s.cfg.Logger.Warn("consumer error", "code", e.Code().String(), "err", e)
+	}
+	return nil
+}
+
+// flushPending hands the records read in this round to their partitions.
+func (s *Supervisor) flushPending() {
+	for tp, msgs := range s.pending {
+		if len(msgs) == 0 {
+			continue
+		}
+		if a, ok := s.parts[tp]; ok {
+			a.buffered.Add(int64(len(msgs)))
+			s.system.Root.Send(a.pid, &Records{Seek: a.seek, Msgs: msgs})
+		}
+		s.pending[tp] = msgs[:0:0]
+	}
+}
+
+// backpressure pauses a partition whose actor holds more than MaxBuffered
+// records, and resumes it below half of that. Memory stays bounded while a
+// partition is slow or retrying.
+func (s *Supervisor) backpressure() {
+	limit := int64(s.cfg.MaxBuffered)
+	for tp, a := range s.parts {
+		n := a.buffered.Load()
+		switch {
+		case !a.paused && n > limit:
+			if err := s.consumer.Pause([]kafka.TopicPartition{ktp(tp, kafka.OffsetInvalid)}); err != nil {
+				s.cfg.Logger.Warn("pause partition", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+				continue
+			}
+			a.paused = true
+			s.cfg.Metrics.Paused.Inc()
+		case a.paused && n < limit/2:
+			if err := s.consumer.Resume([]kafka.TopicPartition{ktp(tp, kafka.OffsetInvalid)}); err != nil {
+				s.cfg.Logger.Warn("resume partition", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+				continue
+			}
+			a.paused = false
+			s.cfg.Metrics.Paused.Dec()
+		}
+	}
+}
+
+// serveSeeks moves partitions of restarted actors back to their watermark.
+func (s *Supervisor) serveSeeks() {
+	for {
+		select {
+		case r := <-s.seeks:
+			s.seek(r)
+		default:
+			return
+		}
+	}
+}
+
+func (s *Supervisor) seek(r seekRequest) {
+	a, ok := s.parts[r.tp]
+	if !ok || !a.pid.Equal(r.pid) {
+		s.system.Root.Send(r.pid, &Seeked{Next: r.next, Err: errors.New("partition no longer assigned")})
+		return
+	}
+	if r.next >= 0 {
+		res, err := s.consumer.SeekPartitions([]kafka.TopicPartition{ktp(r.tp, kafka.Offset(r.next))})
+		if err == nil && len(res) == 1 && res[0].Error != nil {
+			err = res[0].Error
+		}
+		if err != nil {
+			s.system.Root.Send(r.pid, &Seeked{Next: r.next, Err: fmt.Errorf("seek %s to %d: %w", r.tp, r.next, err)})
+			return
+		}
+	}
+	// Records read before the seek are still in flight or pending: the new
+	// generation tells the actor to drop them.
+	a.seek++
+	delete(s.pending, r.tp)
+	s.system.Root.Send(r.pid, &Seeked{Seek: a.seek, Next: r.next})
+	s.cfg.Logger.Info("partition rewound to its watermark after restart", "topic", r.tp.Topic,
+		"partition", r.tp.Partition, "offset", r.next)
+}
+
+// requestSeek is handed to partition actors; it runs on their goroutine.
+func (s *Supervisor) requestSeek(pid *actor.PID, tp TopicPartition, next int64) {
+	s.seeks <- seekRequest{pid: pid, tp: tp, next: next}
+}
+
+// rebalance is the consumer's rebalance callback. It runs inside Poll (and
+// inside Close) on the poll loop goroutine. Its returned error is ignored by
+// the client, so every failure is handled here.
+func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
+	switch e := ev.(type) {
+	case kafka.AssignedPartitions:
+		s.assign(c, e.Partitions)
+	case kafka.RevokedPartitions:
+		s.revoke(c, e.Partitions)
+	}
+	return nil
+}
+
+func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	defer cancel()
+	starts := s.startOffsets(ctx, c, parts)
+	list := make([]kafka.TopicPartition, 0, len(parts))
+	for i, p := range parts {
+		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
+		st := starts[i]
+		if st.err != nil {
+			// Without a claim this instance must not consume the partition
+			// (it could not be fenced). Leave it unassigned locally; the
+			// group sees it as ours, so fail loudly and let the operator or
+			// the next rebalance fix it.
+			s.cfg.Logger.Error("cannot claim partition; not consuming it", "topic", tp.Topic,
+				"partition", tp.Partition, "err", st.err)
+			continue
+		}
+		s.gen++
+		a := &assigned{gen: s.gen, buffered: new(atomic.Int64)}
+		pcfg := &PartitionConfig{
+			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
+			Format: s.cfg.Format(tp.Topic), BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
+			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ,
+			Buffered: a.buffered, Seek: s.requestSeek, Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
+		}
+		res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
+		if err != nil {
+			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+			continue
+		}
+		pid, ok := res.(*actor.PID)
+		if !ok {
+			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", res)
+			continue
+		}
+		a.pid = pid
+		s.parts[tp] = a
+		s.system.Root.Send(s.cfg.Committer, &Register{TP: tp, Gen: a.gen, Start: st.start})
+		off := kafka.OffsetStored
+		if st.start >= 0 {
+			off = kafka.Offset(st.start)
+		}
+		list = append(list, ktp(tp, off))
+		s.cfg.Logger.Info("partition assigned", "topic", tp.Topic, "partition", tp.Partition,
+			"offset", st.start, "epoch", claimEpoch(st.claim))
+	}
+	if err := c.IncrementalAssign(list); err != nil {
+		s.cfg.Logger.Error("incremental assign", "err", err)
+	}
+	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
+}
+
+type startOffset struct {
+	start int64
+	claim *store.Claim
+	err   error
+}
+
+// startOffsets resolves where each newly assigned partition starts: the
+// stored offset in exactly-once mode (claiming the partition), else Kafka's
+// committed offset (-1: none, auto.offset.reset applies).
+func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts []kafka.TopicPartition) []startOffset {
+	out := make([]startOffset, len(parts))
+	committed := make([]int64, len(parts))
+	for i := range committed {
+		committed[i] = -1
+	}
+	if len(parts) > 0 {
+		q := make([]kafka.TopicPartition, len(parts))
+		copy(q, parts)
+		res, err := c.Committed(q, int(s.cfg.DrainTimeout/time.Millisecond))
+		if err != nil {
+			s.cfg.Logger.Warn("read committed offsets", "err", err)
+		}
+		for i := range res {
+			if i < len(committed) && res[i].Error == nil && res[i].Offset >= 0 {
+				committed[i] = int64(res[i].Offset)
+			}
+		}
+	}
+	for i, p := range parts {
+		if s.cfg.Claim == nil {
+			out[i] = startOffset{start: committed[i]}
+			continue
+		}
+		fallback := committed[i]
+		if fallback < 0 {
+			low, high, err := c.QueryWatermarkOffsets(*p.Topic, p.Partition, int(s.cfg.DrainTimeout/time.Millisecond))
+			if err != nil {
+				out[i] = startOffset{err: fmt.Errorf("query watermarks: %w", err)}
+				continue
+			}
+			fallback = low
+			if s.cfg.AutoOffsetReset == "latest" {
+				fallback = high
+			}
+		}
+		cl, err := s.cfg.Claim(ctx, *p.Topic, p.Partition, fallback)
+		if err != nil {
+			out[i] = startOffset{err: err}
+			continue
+		}
+		if committed[i] >= 0 && committed[i] != cl.Next {
+			// The difference is what Kafka's committed offset alone would
+			// have replayed (or skipped): ratchet resumes from the store.
+			s.cfg.Metrics.RewindsPrevented.WithLabelValues(*p.Topic).Inc()
+			s.cfg.Metrics.RewindRecords.WithLabelValues(*p.Topic).Add(float64(abs(cl.Next - committed[i])))
+			s.cfg.Logger.Warn("kafka committed offset differs from the stored offset; resuming from the store",
+				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "kafka_committed", committed[i],
+				"would_replay", cl.Next-committed[i], "epoch", cl.Epoch)
+		}
+		claim := cl
+		out[i] = startOffset{start: cl.Next, claim: &claim}
+	}
+	return out
+}
+
+func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
+	lost := c.AssignmentLost()
+	tps := make([]TopicPartition, 0, len(parts))
+	for _, p := range parts {
+		tps = append(tps, TopicPartition{Topic: *p.Topic, Partition: p.Partition})
+	}
+	if lost {
+		// Another member may own these already: commit nothing.
+		s.cfg.Logger.Warn("assignment lost; stopping partitions without committing", "partitions", len(tps))
+		s.system.Root.Send(s.cfg.Committer, &Forget{TPs: tps})
+	} else {
+		s.drainAndFlush(tps, true)
+	}
+	s.stopPartitions(tps)
+	if err := c.IncrementalUnassign(parts); err != nil {
+		s.cfg.Logger.Error("incremental unassign", "err", err)
+	}
+	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
+}
+
+// drainAndFlush lets every partition in tps finish its batch in flight, then
+// commits their watermarks synchronously.
+func (s *Supervisor) drainAndFlush(tps []TopicPartition, forget bool) {
+	deadline := time.Now().Add(s.cfg.DrainTimeout)
+	futures := make(map[TopicPartition]*actor.Future, len(tps))
+	for _, tp := range tps {
+		if a, ok := s.parts[tp]; ok {
+			futures[tp] = s.system.Root.RequestFuture(a.pid, &Drain{}, s.cfg.DrainTimeout)
+		}
+	}
+	for tp, f := range futures {
+		res, err := f.Result()
+		if err != nil {
+			s.cfg.Logger.Warn("drain partition", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+			continue
+		}
+		if d, ok := res.(*Drained); ok {
+			s.cfg.Logger.Debug("partition drained", "topic", tp.Topic, "partition", tp.Partition, "offset", d.Next)
+		}
+	}
+	left := max(time.Until(deadline), time.Second)
+	res, err := s.system.Root.RequestFuture(s.cfg.Committer, &Flush{TPs: tps, Forget: forget}, left).Result()
+	if err != nil {
+		s.cfg.Logger.Error("flush offsets", "err", err)
+		return
+	}
+	f := res.(*Flushed)
+	if f.Err != nil {
+		s.cfg.Logger.Error("flush offsets", "err", f.Err)
+	}
+	s.cfg.Logger.Info("offsets flushed", "partitions", len(tps), "committed", len(f.Committed))
+}
+
+// stopPartitions stops the actors of tps and forgets them.
+func (s *Supervisor) stopPartitions(tps []TopicPartition) {
+	var wg sync.WaitGroup
+	for _, tp := range tps {
+		a, ok := s.parts[tp]
+		if !ok {
+			continue
+		}
+		if a.paused {
+			s.cfg.Metrics.Paused.Dec()
+		}
+		delete(s.parts, tp)
+		delete(s.pending, tp)
+		wg.Go(func() { _ = s.system.Root.StopFuture(a.pid).Wait() })
+	}
+	wg.Wait()
+}
+
+// stop is the graceful end: drain and flush everything, then close the
+// consumer within the drain timeout.
+func (s *Supervisor) stop() {
+	tps := make([]TopicPartition, 0, len(s.parts))
+	for tp := range s.parts {
+		tps = append(tps, tp)
+	}
+	s.cfg.Logger.Info("stopping: draining partitions", "partitions", len(tps))
+	s.drainAndFlush(tps, false)
+	s.closeConsumer()
+	s.stopPartitions(tps)
+}
+
+// closeConsumer closes the consumer, giving up after DrainTimeout: Close
+// blocks forever after some fatal errors (PITFALLS A6). Close runs the
+// rebalance callback (revoke) on this goroutine; the partitions are already
+// drained and flushed, so it only unassigns.
+func (s *Supervisor) closeConsumer() {
+	c := s.consumer
+	if c == nil {
+		return
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Close() }() // ends when Close returns; abandoned on timeout
+	select {
+	case err := <-done:
+		if err != nil {
+			s.cfg.Logger.Warn("close consumer", "err", err)
+		}
+	case <-time.After(s.cfg.DrainTimeout):
+		s.cfg.Logger.Error("close consumer timed out; abandoning it", "timeout", s.cfg.DrainTimeout.String())
+	}
+	s.consumer = nil
+	s.cfg.OnConsumer(nil)
+}
+
+func ktp(tp TopicPartition, off kafka.Offset) kafka.TopicPartition {
+	t := tp.Topic
+	return kafka.TopicPartition{Topic: &t, Partition: tp.Partition, Offset: off}
+}
+
+func claimEpoch(c *store.Claim) int64 {
+	if c == nil {
+		return 0
+	}
+	return c.Epoch
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// spawnPartition asks the supervisor actor to spawn a partition actor as
+// its child. Sent by the poll loop with RequestFuture; the reply is *actor.PID.
+type spawnPartition struct{ cfg *PartitionConfig }
+
+// supervisorActor is the parent of the partition actors: spawning them as
+// its children puts their failures under its strategy.
+type supervisorActor struct {
+	cfg *SupervisorConfig
+}
+
+// Receive implements actor.Actor.
+func (a *supervisorActor) Receive(c actor.Context) {
+	switch msg := c.Message().(type) {
+	case *spawnPartition:
+		name := fmt.Sprintf("partition-%s-%d-%d", msg.cfg.TP.Topic, msg.cfg.TP.Partition, msg.cfg.Gen)
+		props := actor.PropsFromProducer(NewPartition(msg.cfg))
+		pid, err := c.SpawnNamed(props, name)
+		if err != nil {
+			c.Respond(err)
+			return
+		}
+		c.Respond(pid)
+	}
+}
+
+// HandleFailure implements actor.SupervisorStrategy for the partition
+// actors: one-for-one, restart within the budget (MaxRestarts within
+// RestartWindow), stop past it. Every decision is logged, with the stack
+// of a recovered panic at debug level, and restarts are counted.
+func (a *supervisorActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID,
+	rs *actor.RestartStatistics, reason any, message any) {
+	rs.Fail()
+	n := rs.NumberOfFailures(a.cfg.RestartWindow)
+	log := a.cfg.Logger.With("actor", child.Id, "reason", fmt.Sprint(reason), "restarts", n)
+	if pe, ok := reason.(*PanicError); ok {
+		log = log.With("offset", pe.Offset)
+		a.cfg.Logger.Debug("partition actor panic stack", "actor", child.Id, "stack", string(pe.Stack))
+	}
+	if rs, ok := message.(*Records); ok && len(rs.Msgs) > 0 {
+		log = log.With("offset", int64(rs.Msgs[0].TopicPartition.Offset))
+	}
+	if n > a.cfg.MaxRestarts {
+		log.Error("partition actor over its restart budget; stopping it")
+		sup.StopChildren(child)
+		return
+	}
+	a.cfg.Metrics.Restarts.WithLabelValues("partition").Inc()
+	log.Warn("partition actor restarted")
+	sup.RestartChildren(child)
+}

@@ -1,0 +1,209 @@
+// Package engine runs ratchet: it connects to PostgreSQL, migrates the
+// schema, starts the actor system (supervisor, partition actors, committer,
+// dead-letter queue) and the HTTP endpoints, and blocks until its context
+// ends, then stops in the order DESIGN.md gives: stop polling, finish
+// batches, flush commits, close the consumer, flush the dead-letter
+// producer, close the pool.
+//
+// Library users run it with their own processor.Processor:
+//
+//	err := engine.Run(ctx, cfg, engine.Options{Processor: myProcessor})
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"ratchet/actors"
+	"ratchet/config"
+	"ratchet/internal/kafkaclient"
+	"ratchet/internal/metrics"
+	"ratchet/internal/store"
+	"ratchet/processor"
+	"ratchet/processor/dashboard"
+)
+
+// Options are the parts of a run that are not configuration.
+type Options struct {
+	// Processor applies the batches; nil means the built-in dashboard.
+	Processor processor.Processor
+	// Logger receives every log line; nil means slog.Default().
+	Logger *slog.Logger
+	// Registry receives the metrics; nil means a new registry.
+	Registry *prometheus.Registry
+	// OnListening is called with the HTTP address once it listens.
+	OnListening func(addr string)
+	// Owner names this instance in the offset store; empty means
+	// kafka.instance_id, else hostname:pid.
+	Owner string
+}
+
+// Run runs the engine until ctx is done and returns nil after a clean stop.
+func Run(ctx context.Context, cfg config.Config, opts Options) error {
+	e, err := newEngine(cfg, opts)
+	if err != nil {
+		return err
+	}
+	return e.run(ctx)
+}
+
+type engine struct {
+	cfg  config.Config
+	opts Options
+	log  *slog.Logger
+	reg  *prometheus.Registry
+	m    *metrics.Metrics
+}
+
+func newEngine(cfg config.Config, opts Options) (*engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Processor == nil {
+		opts.Processor = dashboard.New()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Owner == "" {
+		opts.Owner = cfg.Kafka.InstanceID
+	}
+	if opts.Owner == "" {
+		host, _ := os.Hostname()
+		opts.Owner = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	reg := opts.Registry
+	var m *metrics.Metrics
+	if reg == nil {
+		reg, m = metrics.NewRegistry()
+	} else {
+		m = metrics.New(reg)
+	}
+	return &engine{cfg: cfg, opts: opts, log: opts.Logger, reg: reg, m: m}, nil
+}
+
+func (e *engine) run(ctx context.Context) error {
+	cfg := e.cfg
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	maxConns := int32(cfg.Postgres.MaxConns)
+	pool, err := store.Open(startCtx, cfg.Postgres.URL.Reveal(), maxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := store.Migrate(startCtx, pool); err != nil {
+		return err
+	}
+	exactlyOnce := cfg.Commit.Mode == config.ModeExactlyOnce
+	e.log.Info("engine starting", "owner", e.opts.Owner, "group", cfg.Kafka.GroupID,
+		"topics", cfg.Kafka.Topics, "mode", cfg.Commit.Mode, "processor", e.opts.Processor.Name())
+
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return slog.New(minLevel{h: e.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
+	}))
+
+	var consumer atomic.Pointer[kafka.Consumer]
+	committer, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewCommitter(actors.CommitterConfig{
+		Kafka: func() actors.OffsetCommitter {
+			if c := consumer.Load(); c != nil {
+				return c
+			}
+			return nil
+		},
+		Interval: cfg.Commit.Interval,
+		Metrics:  e.m,
+		Logger:   e.log,
+	})), "committer")
+	if err != nil {
+		return fmt.Errorf("spawn committer: %w", err)
+	}
+	defer func() { _ = system.Root.PoisonFuture(committer).Wait() }()
+
+	var claim actors.ClaimFunc
+	if exactlyOnce {
+		claim = func(ctx context.Context, topic string, partition int32, fallback int64) (store.Claim, error) {
+			return store.ClaimPartition(ctx, pool, cfg.Kafka.GroupID, topic, partition, e.opts.Owner, fallback)
+		}
+	}
+	sup := actors.NewSupervisor(system, actors.SupervisorConfig{
+		NewConsumer: func() (*kafka.Consumer, error) {
+			return kafkaclient.NewConsumer(kafkaclient.ConsumerOptions{
+				Brokers:         cfg.Kafka.Brokers,
+				GroupID:         cfg.Kafka.GroupID,
+				InstanceID:      cfg.Kafka.InstanceID,
+				AutoOffsetReset: cfg.Kafka.AutoOffsetReset,
+				Properties:      cfg.Kafka.Properties,
+			}, e.log)
+		},
+		OnConsumer:      func(c *kafka.Consumer) { consumer.Store(c) },
+		Topics:          cfg.Kafka.Topics,
+		Claim:           claim,
+		Format:          cfg.FormatFor,
+		AutoOffsetReset: cfg.Kafka.AutoOffsetReset,
+		BatchSize:       cfg.Processing.BatchSize,
+		Linger:          cfg.Processing.BatchLinger,
+		MaxBuffered:     cfg.Processing.MaxBufferedPerPartition,
+		Retry: actors.RetryPolicy{
+			InitialBackoff: cfg.Retry.InitialBackoff,
+			MaxBackoff:     cfg.Retry.MaxBackoff,
+			MaxAttempts:    cfg.Retry.MaxAttempts,
+		},
+		Applier:       store.New(pool, e.opts.Processor),
+		DLQ:           discardDLQ{},
+		Committer:     committer,
+		DrainTimeout:  cfg.Shutdown.Timeout,
+		MaxRestarts:   cfg.Supervision.MaxRestarts,
+		RestartWindow: cfg.Supervision.Within,
+		Metrics:       e.m,
+		Logger:        e.log,
+	})
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	supCtx, stopSup := context.WithCancel(ctx)
+	defer stopSup()
+	wg.Go(func() { errs <- sup.Run(supCtx) })
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		if err != nil {
+			all = append(all, err)
+		}
+	}
+	e.log.Info("engine stopped")
+	return errors.Join(all...)
+}
+
+// discardDLQ stands in until the dead-letter actor exists: the record is
+// logged and counted by the retry actor and skipped.
+type discardDLQ struct{}
+
+func (discardDLQ) DeadLetter(context.Context, processor.Record, error, int) error { return nil }
+
+// minLevel drops records below min; it keeps protoactor's chatty Info lines
+// out of our logs.
+type minLevel struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.h.Enabled(ctx, l)
+}
+func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler {
+	return minLevel{h: m.h.WithAttrs(a), min: m.min}
+}
+func (m minLevel) WithGroup(n string) slog.Handler { return minLevel{h: m.h.WithGroup(n), min: m.min} }

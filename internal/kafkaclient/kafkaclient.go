@@ -1,0 +1,131 @@
+// Package kafkaclient builds the confluent-kafka-go clients ratchet uses,
+// with the settings its guarantees depend on, and routes librdkafka's own
+// log lines into slog.
+package kafkaclient
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
+
+// ConsumerOptions are the inputs of NewConsumer.
+type ConsumerOptions struct {
+	Brokers         []string
+	GroupID         string
+	InstanceID      string // group.instance.id (static membership); empty for dynamic
+	AutoOffsetReset string // earliest or latest; only for partitions with no offset at all
+	Properties      map[string]string
+}
+
+// ConsumerConfig returns the librdkafka configuration for o. The settings
+// below are not negotiable (config validation refuses overrides):
+//
+//   - enable.auto.commit=false and enable.auto.offset.store=false: only the
+//     committer commits, and only offsets that were applied. With the
+//     defaults Close() commits prefetched records nobody processed.
+//   - partition.assignment.strategy=cooperative-sticky: partitions that stay
+//     with a member through a rebalance are never revoked, so they never
+//     rewind to the last commit.
+func ConsumerConfig(o ConsumerOptions) *kafka.ConfigMap {
+	reset := o.AutoOffsetReset
+	if reset == "" {
+		reset = "earliest"
+	}
+	m := kafka.ConfigMap{
+		// Defaults a user may override.
+		"socket.timeout.ms":                  10000,
+		"session.timeout.ms":                 30000,
+		"heartbeat.interval.ms":              3000,
+		"queued.max.messages.kbytes":         16384,
+		"fetch.wait.max.ms":                  100,
+		"topic.metadata.refresh.interval.ms": 30000,
+	}
+	for k, v := range o.Properties {
+		m[k] = v
+	}
+	fixed := kafka.ConfigMap{
+		"bootstrap.servers":             strings.Join(o.Brokers, ","),
+		"group.id":                      o.GroupID,
+		"enable.auto.commit":            false,
+		"enable.auto.offset.store":      false,
+		"partition.assignment.strategy": "cooperative-sticky",
+		"auto.offset.reset":             reset,
+		"enable.partition.eof":          false,
+		"go.logs.channel.enable":        true,
+	}
+	for k, v := range fixed {
+		m[k] = v
+	}
+	if o.InstanceID != "" {
+		m["group.instance.id"] = o.InstanceID
+	}
+	return &m
+}
+
+// NewConsumer creates a consumer for o and starts forwarding its log lines
+// to log. The forwarding goroutine ends when the consumer is closed (Close
+// closes the logs channel).
+func NewConsumer(o ConsumerOptions, log *slog.Logger) (*kafka.Consumer, error) {
+	c, err := kafka.NewConsumer(ConsumerConfig(o))
+	if err != nil {
+		return nil, fmt.Errorf("new kafka consumer: %w", err)
+	}
+	go forwardLogs(c.Logs(), log.With("client", "consumer"))
+	return c, nil
+}
+
+// ProducerConfig returns the librdkafka configuration of the DLQ and demo
+// producers: idempotent, all in-sync replicas, so a delivery report means the
+// record is durable.
+func ProducerConfig(brokers []string, props map[string]string) *kafka.ConfigMap {
+	m := kafka.ConfigMap{
+		"linger.ms":                    5,
+		"compression.type":             "lz4",
+		"queue.buffering.max.messages": 1000000,
+	}
+	for k, v := range props {
+		m[k] = v
+	}
+	m["bootstrap.servers"] = strings.Join(brokers, ",")
+	m["enable.idempotence"] = true
+	m["acks"] = "all"
+	m["go.logs.channel.enable"] = true
+	return &m
+}
+
+// NewProducer creates a producer and forwards its log lines to log until it
+// is closed.
+func NewProducer(brokers []string, props map[string]string, log *slog.Logger) (*kafka.Producer, error) {
+	p, err := kafka.NewProducer(ProducerConfig(brokers, props))
+	if err != nil {
+		return nil, fmt.Errorf("new kafka producer: %w", err)
+	}
+	go forwardLogs(p.Logs(), log.With("client", "producer"))
+	return p, nil
+}
+
+// forwardLogs drains ch until it is closed. librdkafka blocks on a full logs
+// channel, so it must always be drained.
+func forwardLogs(ch chan kafka.LogEvent, log *slog.Logger) {
+	for ev := range ch {
+		level := slog.LevelDebug
+		switch {
+		case ev.Level <= 3: // emerg, alert, crit, err
+			level = slog.LevelError
+		case ev.Level == 4: // warning
+			level = slog.LevelWarn
+		case ev.Level <= 6: // notice, info
+			level = slog.LevelInfo
+		}
+		// Connection errors are reported again through Poll as kafka.Error,
+		// where the supervisor decides what they mean; keep them at warn.
+		if level == slog.LevelError && (ev.Tag == "FAIL" || ev.Tag == "ERROR") {
+			level = slog.LevelWarn
+		}
+		log.Log(context.Background(), level, "librdkafka", "tag", ev.Tag, "name", ev.Name, "message", ev.Message)
+	}
+}

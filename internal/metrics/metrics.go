@@ -1,0 +1,104 @@
+// Package metrics holds ratchet's Prometheus series. Every series is named
+// ratchet_*, carries its unit in its name, and is labelled only by bounded
+// values (topic, partition, class, result), never by offsets or ids.
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are the series one engine updates. A nil *Metrics is not valid;
+// use New (tests use New(prometheus.NewRegistry())).
+type Metrics struct {
+	Records          *prometheus.CounterVec   // topic, partition
+	Batches          *prometheus.CounterVec   // topic, partition
+	BatchSeconds     *prometheus.HistogramVec // topic
+	EndToEndSeconds  *prometheus.HistogramVec // topic
+	Poison           *prometheus.CounterVec   // topic, reason
+	Retries          *prometheus.CounterVec   // class
+	DeadLetters      *prometheus.CounterVec   // topic
+	Commits          *prometheus.CounterVec   // result
+	CommittedOffset  *prometheus.GaugeVec     // topic, partition
+	StoredOffset     *prometheus.GaugeVec     // topic, partition
+	Lag              *prometheus.GaugeVec     // topic, partition
+	Paused           prometheus.Gauge
+	Assigned         prometheus.Gauge
+	Restarts         *prometheus.CounterVec // actor
+	RewindsPrevented *prometheus.CounterVec // topic
+	RewindRecords    *prometheus.CounterVec // topic
+	Fenced           *prometheus.CounterVec // topic, reason
+	StaleOffsets     prometheus.Counter
+	DegradedSeconds  prometheus.Counter
+	Reconnects       *prometheus.CounterVec // reason
+}
+
+// New registers the series on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	tp := []string{"topic", "partition"}
+	m := &Metrics{
+		Records: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_records_total", Help: "Records applied (committed to PostgreSQL)."}, tp),
+		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_batches_total", Help: "Batch transactions committed."}, tp),
+		BatchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ratchet_batch_duration_seconds", Help: "Time to apply one batch transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"topic"}),
+		EndToEndSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ratchet_end_to_end_latency_seconds", Help: "Record timestamp to its transaction committed.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"topic"}),
+		Poison: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_poison_records_total", Help: "Records that could not be decoded or broke a schema rule."},
+			[]string{"topic", "reason"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_retries_total", Help: "Batch retries by error class."}, []string{"class"}),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_dead_letters_total", Help: "Records written to the dead-letter topic."}, []string{"topic"}),
+		Commits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_kafka_commits_total", Help: "Kafka offset commit requests by result."}, []string{"result"}),
+		CommittedOffset: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratchet_committed_offset", Help: "Last offset committed to Kafka (next to read)."}, tp),
+		StoredOffset: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratchet_stored_offset", Help: "Next offset not yet applied, as applied to PostgreSQL."}, tp),
+		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratchet_lag_records", Help: "High watermark minus the applied position."}, tp),
+		Paused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratchet_paused_partitions", Help: "Partitions paused for backpressure or retries."}),
+		Assigned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratchet_assigned_partitions", Help: "Partitions assigned to this instance."}),
+		Restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_actor_restarts_total", Help: "Supervised actor restarts."}, []string{"actor"}),
+		RewindsPrevented: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_rewinds_prevented_total", Help: "Assignments where Kafka's committed offset was behind the stored one."},
+			[]string{"topic"}),
+		RewindRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_rewind_records_prevented_total", Help: "Records Kafka's committed offset alone would have replayed."},
+			[]string{"topic"}),
+		Fenced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_fenced_writes_total", Help: "Batch transactions refused by the offset guard."},
+			[]string{"topic", "reason"}),
+		StaleOffsets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratchet_stale_offset_reports_total", Help: "Offset reports lower than the known watermark, ignored."}),
+		DegradedSeconds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratchet_degraded_seconds_total", Help: "Time spent retrying transient failures."}),
+		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_consumer_rebuilds_total", Help: "Consumers rebuilt (fatal error, outage, recycle)."}, []string{"reason"}),
+	}
+	reg.MustRegister(m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
+		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned,
+		m.Restarts, m.RewindsPrevented, m.RewindRecords, m.Fenced, m.StaleOffsets, m.DegradedSeconds, m.Reconnects)
+	return m
+}
+
+// NewRegistry returns a registry with the Go and process collectors and the
+// engine's series.
+func NewRegistry() (*prometheus.Registry, *Metrics) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg, New(reg)
+}
+
+// Partition formats a partition number as a label value.
+func Partition(p int32) string { return strconv.FormatInt(int64(p), 10) }

@@ -1,0 +1,104 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"ratchet/processor"
+)
+
+// Store applies batches through a processor, each in one transaction.
+// It is safe for concurrent use by several partitions.
+type Store struct {
+	pool *pgxpool.Pool
+	p    processor.Processor
+}
+
+// New returns a Store that applies batches with p on pool.
+func New(pool *pgxpool.Pool, p processor.Processor) *Store {
+	return &Store{pool: pool, p: p}
+}
+
+// Apply runs the processor on b in one transaction and commits it.
+//
+// With claim != nil (exactly-once) the same transaction moves the stored
+// position from b.Start to b.Next, but only if the row still has claim's
+// epoch and next_offset = b.Start. Otherwise nothing is committed and Apply
+// returns an *OffsetConflictError (Fenced, Gap or Overlap). With claim == nil
+// (at-least-once) the processor's writes are committed alone.
+//
+// A processor error rolls the transaction back and is returned wrapped, so
+// errors.Is and the predicates of this package see it. Apply does not change
+// claim; the caller tracks its position.
+func (s *Store) Apply(ctx context.Context, b processor.Batch, claim *Claim) error {
+	if b.Next < b.Start {
+		return fmt.Errorf("apply %s[%d]: batch ends at %d before its start %d", b.Topic, b.Partition, b.Next, b.Start)
+	}
+	if claim != nil && (claim.Topic != b.Topic || claim.Partition != b.Partition) {
+		return fmt.Errorf("apply %s[%d]: claim is for %s[%d]", b.Topic, b.Partition, claim.Topic, claim.Partition)
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.p.Process(ctx, tx, b); err != nil {
+			return fmt.Errorf("%s: %w", s.p.Name(), err)
+		}
+		if claim == nil {
+			return nil
+		}
+		return advance(ctx, tx, b, claim)
+	})
+	if err != nil {
+		var conflict *OffsetConflictError
+		if errors.As(err, &conflict) {
+			return err
+		}
+		return fmt.Errorf("apply %s[%d] offsets %d..%d: %w", b.Topic, b.Partition, b.Start, b.Next, err)
+	}
+	return nil
+}
+
+// advance moves the stored position of claim's partition from b.Start to
+// b.Next inside tx, or classifies why it may not.
+func advance(ctx context.Context, tx pgx.Tx, b processor.Batch, claim *Claim) error {
+	tag, err := tx.Exec(ctx, `
+UPDATE ratchet_offsets SET next_offset = $5, updated_at = now()
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND next_offset = $6`,
+		claim.Group, claim.Topic, claim.Partition, claim.Epoch, b.Next, b.Start)
+	if err != nil {
+		return fmt.Errorf("advance offset: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	conflict := &OffsetConflictError{
+		Kind: Fenced, Group: claim.Group, Topic: claim.Topic, Partition: claim.Partition,
+		Epoch: claim.Epoch, Start: b.Start, StoredNext: -1,
+	}
+	err = tx.QueryRow(ctx, `
+SELECT epoch, next_offset FROM ratchet_offsets
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
+		claim.Group, claim.Topic, claim.Partition).Scan(&conflict.StoredEpoch, &conflict.StoredNext)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The row was deleted: no claim holds, so nobody may write.
+		return conflict
+	case err != nil:
+		return fmt.Errorf("read offset after refused advance: %w", err)
+	}
+	switch {
+	case conflict.StoredEpoch != claim.Epoch:
+		conflict.Kind = Fenced
+	case b.Start > conflict.StoredNext:
+		conflict.Kind = Gap
+	case b.Start < conflict.StoredNext:
+		conflict.Kind = Overlap
+	default:
+		// Same epoch and position, yet the update matched nothing: the row
+		// changed between the two statements, so someone else touched it.
+		conflict.Kind = Fenced
+	}
+	return conflict
+}

@@ -1,0 +1,150 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultConnectTimeout bounds each new connection when the URL does not set
+// connect_timeout, so a black-holed server fails Open instead of hanging.
+const DefaultConnectTimeout = 10 * time.Second
+
+// redacted replaces secrets in URLs and error messages.
+const redacted = "REDACTED"
+
+// Open parses url, builds a pool of at most maxConns connections (the pgx
+// default when maxConns <= 0) and pings the server. The returned error never
+// contains the password: it names the URL with the password replaced by
+// REDACTED, and any password text in the driver's own message is masked too.
+// ctx bounds the ping; the pool outlives it. The caller closes the pool.
+func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	secrets := passwords(url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres url %s: %w", RedactURL(url), scrub(err, secrets))
+	}
+	if cfg.ConnConfig.Password != "" {
+		// The effective password may also come from PGPASSWORD or .pgpass.
+		secrets = append(secrets, cfg.ConnConfig.Password)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+		if cfg.MinConns > maxConns {
+			cfg.MinConns = maxConns
+		}
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "ratchet"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres %s: %w", RedactURL(url), scrub(err, secrets))
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to postgres %s: %w", RedactURL(url), scrub(err, secrets))
+	}
+	return pool, nil
+}
+
+// kvPassword matches a password in a key=value connection string, quoted or
+// not.
+var kvPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]*)`)
+
+// uriPassword matches the password of user:password@ in a URL that net/url
+// rejects.
+var uriPassword = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
+
+// RedactURL returns the connection string with its password (in the userinfo
+// or in a password parameter) replaced by REDACTED. It accepts both the URL
+// and the key=value forms and is safe to log.
+func RedactURL(raw string) string {
+	if !strings.Contains(raw, "://") {
+		return kvPassword.ReplaceAllString(raw, "${1}"+redacted)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		s := uriPassword.ReplaceAllString(raw, "${1}"+redacted+"@")
+		return kvPassword.ReplaceAllString(s, "${1}"+redacted)
+	}
+	if u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), redacted)
+		}
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", redacted)
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// passwords extracts the password texts that raw carries, in every spelling
+// that can show up in an error message.
+func passwords(raw string) []string {
+	var out []string
+	add := func(s string) {
+		if s == "" {
+			return
+		}
+		out = append(out, s, url.QueryEscape(s), url.PathEscape(s))
+		if d, err := url.QueryUnescape(s); err == nil {
+			out = append(out, d)
+		}
+	}
+	if u, err := url.Parse(raw); err == nil && strings.Contains(raw, "://") {
+		if u.User != nil {
+			if p, ok := u.User.Password(); ok {
+				add(p)
+			}
+		}
+		add(u.Query().Get("password"))
+	}
+	for _, m := range uriPassword.FindAllStringSubmatch(raw, -1) {
+		add(strings.TrimSuffix(strings.TrimPrefix(m[0], m[1]), "@"))
+	}
+	for _, m := range kvPassword.FindAllStringSubmatch(raw, -1) {
+		v := strings.TrimPrefix(m[0], m[1])
+		add(v)
+		add(strings.Trim(v, "'"))
+	}
+	return out
+}
+
+// scrubbedError carries err's chain, so errors.Is and IsTransient still
+// classify it, with a message that has the passwords masked. Only Error is
+// safe to print; the wrapped error's own message may hold the secret.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
+
+// scrub masks every secret in err's message. It returns err itself when the
+// message holds none.
+func scrub(err error, secrets []string) error {
+	msg := err.Error()
+	clean := msg
+	for _, s := range secrets {
+		if s != "" {
+			clean = strings.ReplaceAll(clean, s, redacted)
+		}
+	}
+	clean = uriPassword.ReplaceAllString(clean, "${1}"+redacted+"@")
+	clean = kvPassword.ReplaceAllString(clean, "${1}"+redacted)
+	if clean == msg {
+		return err
+	}
+	return &scrubbedError{msg: clean, err: err}
+}
