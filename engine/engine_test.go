@@ -292,24 +292,25 @@ func TestEndToEndRollupsExact(t *testing.T) {
 }
 
 // ledger is a processor that writes one row per record, with no unique
-// constraint: a replayed record shows up as a duplicate row.
-type ledger struct{}
+// constraint: a replayed record shows up as a duplicate row. owner tells
+// which engine applied it.
+type ledger struct{ owner string }
 
 func (ledger) Name() string { return "ledger" }
 
-func (ledger) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+func (l ledger) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
 	rows := make([][]any, len(b.Records))
 	for i, r := range b.Records {
-		rows[i] = []any{r.Topic, r.Partition, r.Offset, r.Event.Id}
+		rows[i] = []any{r.Topic, r.Partition, r.Offset, r.Event.Id, l.owner}
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{"test_ledger"}, []string{"topic", "partition", "off", "id"}, pgx.CopyFromRows(rows))
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"test_ledger"}, []string{"topic", "partition", "off", "id", "owner"}, pgx.CopyFromRows(rows))
 	return err
 }
 
 func createLedger(tb testing.TB, pool *pgxpool.Pool) {
 	tb.Helper()
 	if _, err := pool.Exec(context.Background(),
-		`CREATE TABLE test_ledger (topic text, partition int, off bigint, id text)`); err != nil {
+		`CREATE TABLE test_ledger (topic text, partition int, off bigint, id text, owner text)`); err != nil {
 		tb.Fatalf("create ledger: %v", err)
 	}
 }
@@ -374,25 +375,54 @@ func (s *streamer) stop() {
 func waitApplied(tb testing.TB, pool *pgxpool.Pool, n int64) {
 	tb.Helper()
 	testenv.Eventually(tb, 120*time.Second, func() bool {
-		return count(tb, pool, `SELECT count(*) FROM test_ledger`) >= n
+		return count(tb, pool, `SELECT count(DISTINCT id) FROM test_ledger`) >= n
 	}, "%d records applied", n)
 }
 
+// waitMembers waits until the group is stable with n members.
+func waitMembers(tb testing.TB, c *kfake.Cluster, group string, n int) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := c.WaitGroupStable(ctx, group, n); err != nil {
+		tb.Fatalf("group %s never stable with %d members: %v", group, n, err)
+	}
+}
+
+// waitOwnerApplies waits until owner applied more than it has now.
+func waitOwnerApplies(tb testing.TB, pool *pgxpool.Pool, owner string) {
+	tb.Helper()
+	q := fmt.Sprintf(`SELECT count(*) FROM test_ledger WHERE owner = '%s'`, owner)
+	before := count(tb, pool, q)
+	testenv.Eventually(tb, 90*time.Second, func() bool { return count(tb, pool, q) > before+500 },
+		"engine %s applies records", owner)
+}
+
 func TestMembershipChangesReplayNothing(t *testing.T) {
-	_, addr := testenv.Kafka(t, 12, topic)
+	cluster, addr := testenv.Kafka(t, 12, topic)
 	dbURL := testenv.Postgres(t)
 	pool := openPool(t, dbURL)
 	createLedger(t, pool)
 	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	group := cfg.Kafka.GroupID
 
-	s := stream(t, addr, 200, 20*time.Millisecond)
-	a := start(t, cfg, ledger{}, "a")
-	b := start(t, cfg, ledger{}, "b")
-	waitApplied(t, pool, s.sent.Load()+2000)
-	c := start(t, cfg, ledger{}, "c")
-	waitApplied(t, pool, s.sent.Load()+2000)
+	s := stream(t, addr, 100, 20*time.Millisecond)
+	a := start(t, cfg, ledger{"a"}, "a")
+	b := start(t, cfg, ledger{"b"}, "b")
+	waitMembers(t, cluster, group, 2)
+	waitOwnerApplies(t, pool, "a")
+	waitOwnerApplies(t, pool, "b")
+
+	c := start(t, cfg, ledger{"c"}, "c") // joins: a and b each give up partitions
+	waitMembers(t, cluster, group, 3)
+	waitOwnerApplies(t, pool, "c")
+	waitOwnerApplies(t, pool, "a")
+
 	a.stop(t) // graceful leave while events keep coming
-	waitApplied(t, pool, s.sent.Load()+2000)
+	waitMembers(t, cluster, group, 2)
+	waitOwnerApplies(t, pool, "b")
+	waitOwnerApplies(t, pool, "c")
+
 	s.stop()
 	waitApplied(t, pool, s.sent.Load())
 	b.stop(t)
@@ -407,13 +437,14 @@ func TestGracefulRestartMidStream(t *testing.T) {
 	createLedger(t, pool)
 	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
 
-	s := stream(t, addr, 200, 20*time.Millisecond)
+	s := stream(t, addr, 100, 20*time.Millisecond)
 	for i := range 3 {
-		r := start(t, cfg, ledger{}, fmt.Sprintf("run-%d", i))
-		waitApplied(t, pool, s.sent.Load()+1000)
+		owner := fmt.Sprintf("run-%d", i)
+		r := start(t, cfg, ledger{owner}, owner)
+		waitOwnerApplies(t, pool, owner)
 		r.stop(t)
 	}
-	r := start(t, cfg, ledger{}, "last")
+	r := start(t, cfg, ledger{"last"}, "last")
 	s.stop()
 	waitApplied(t, pool, s.sent.Load())
 	r.stop(t)

@@ -21,7 +21,7 @@ say() { printf 'dev-postgres: %s\n' "$*"; }
 die() { printf 'dev-postgres: %s\n' "$*" >&2; exit 1; }
 
 # urldecode turns %XX escapes back into bytes.
-urldecode() { local s="${1//+/ }"; printf '%b' "${s//%/\\x}"; }
+urldecode() { printf '%b' "${1//%/\\x}"; }
 
 # query_param NAME prints the value of NAME in the URL's query string.
 query_param() {
@@ -86,7 +86,13 @@ case "$host" in
 "" | /* | localhost | 127.0.0.1 | ::1) local_host=true ;;
 *) local_host=false ;;
 esac
-if $socket; then where="${host:-local socket}:$port"; else where="$host:$port"; fi
+if $socket; then
+	where="${host:-local socket}:$port"
+elif [[ "$host" == *:* ]]; then
+	where="[$host]:$port"
+else
+	where="$host:$port"
+fi
 
 # admin_url is the URL with the database replaced by the maintenance
 # database "postgres", to look for and create the target database.
@@ -138,6 +144,15 @@ wait_server() {
 }
 
 print_install_help() {
+	if ! command -v apt-get >/dev/null 2>&1; then
+		cat >&2 <<EOF
+dev-postgres: no PostgreSQL server answers at $where.
+Install PostgreSQL with your system's package manager, start it, create a
+superuser role named $os_user (createuser -s $os_user, as the postgres user),
+then run this again, or point RATCHET_POSTGRES_URL at a server you have.
+EOF
+		return
+	fi
 	cat >&2 <<EOF
 dev-postgres: no PostgreSQL server answers at $where.
 Install and start one, then run this again:
@@ -159,13 +174,22 @@ start_local_server() {
 		DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql
 		installed_here=true
 	fi
-	local conf ver started=false
+	local conf ver started=false running=""
 	for conf in /etc/postgresql/*/main; do
 		[[ -d "$conf" ]] || continue
 		ver="$(basename "$(dirname "$conf")")"
+		if pg_ctlcluster "$ver" main status >/dev/null 2>&1; then
+			running+=" $ver/main"
+			continue
+		fi
 		say "starting PostgreSQL $ver"
 		if pg_ctlcluster --skip-systemctl-redirect "$ver" main start; then started=true; fi
 	done
+	if ! $started && [[ -n "$running" ]]; then
+		# Starting more would not help: the server runs, just not where
+		# the URL points.
+		die "PostgreSQL is running ($running ), but nothing answers at $where; check the host and port in RATCHET_POSTGRES_URL (pg_lsclusters lists the ports)"
+	fi
 	if ! $started && command -v service >/dev/null 2>&1; then
 		service postgresql start || true
 	fi
