@@ -49,6 +49,7 @@ type commitState struct {
 	gen       uint64
 	next      int64 // highest applied watermark reported
 	committed int64 // last watermark Kafka acknowledged
+	progress  *Progress
 }
 
 // NewCommitter returns the committer actor's producer.
@@ -62,7 +63,7 @@ func NewCommitter(cfg CommitterConfig) actor.Producer {
 func (m *Committer) Receive(c actor.Context) {
 	switch msg := c.Message().(type) {
 	case *Register:
-		m.parts[msg.TP] = &commitState{gen: msg.Gen, next: msg.Start, committed: msg.Start}
+		m.parts[msg.TP] = &commitState{gen: msg.Gen, next: msg.Start, committed: msg.Start, progress: msg.Progress}
 	case *OffsetApplied:
 		st, ok := m.parts[msg.TP]
 		if !ok || st.gen != msg.Gen || msg.Next <= st.next {
@@ -154,6 +155,9 @@ func (m *Committer) commit(tps []TopicPartition) (map[TopicPartition]int64, erro
 		}
 		if st, ok := m.parts[tp]; ok && int64(r.Offset) > st.committed {
 			st.committed = int64(r.Offset)
+			if st.progress != nil {
+				st.progress.Committed.Store(st.committed)
+			}
 		}
 		done[tp] = int64(r.Offset)
 		m.cfg.Metrics.CommittedOffset.WithLabelValues(tp.Topic, metrics.Partition(tp.Partition)).Set(float64(r.Offset))

@@ -50,9 +50,10 @@ type OffsetApplied struct {
 // generation can exist. Start is the position the assignment starts at (the
 // committed offset, or -1 when none is known).
 type Register struct {
-	TP    TopicPartition
-	Gen   uint64
-	Start int64
+	TP       TopicPartition
+	Gen      uint64
+	Start    int64
+	Progress *Progress // the committer records acknowledged commits here
 }
 
 // Flush asks the committer to commit synchronously the watermarks of TPs

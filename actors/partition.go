@@ -39,6 +39,8 @@ type PartitionConfig struct {
 	// or dropped. The poll loop adds, the actor subtracts; the poll loop
 	// pauses the partition above the configured bound.
 	Buffered *atomic.Int64
+	// Progress is published for observers (page, readiness, lag).
+	Progress *Progress
 	// Seek asks the poll loop to move the fetch position to next (after a
 	// restart); the answer arrives as *Seeked.
 	Seek    func(self *actor.PID, tp TopicPartition, next int64)
@@ -266,6 +268,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		return
 	}
 	p.state.next = msg.next
+	p.cfg.Progress.Next.Store(msg.next)
 	p.cfg.Metrics.StoredOffset.WithLabelValues(p.cfg.TP.Topic, metrics.Partition(p.cfg.TP.Partition)).Set(float64(msg.next))
 	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next})
 	if p.draining {

@@ -120,6 +120,7 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 	defer func() {
 		if !degradedSince.IsZero() {
 			r.cfg.Metrics.DegradedSeconds.Add(time.Since(degradedSince).Seconds())
+			r.cfg.Progress.Degraded.Store(false)
 		}
 	}()
 	for attempt := 0; ; attempt++ {
@@ -141,7 +142,9 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 		case store.IsTransient(err):
 			if degradedSince.IsZero() {
 				degradedSince = time.Now()
+				r.cfg.Progress.Degraded.Store(true)
 			}
+			r.cfg.Progress.Retries.Add(1)
 			r.cfg.Metrics.Retries.WithLabelValues("transient").Inc()
 			r.cfg.Logger.Warn("transient failure, retrying", "actor", "retry", "topic", b.Topic,
 				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
@@ -150,6 +153,7 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			return r.isolate(b, err, attempt+1)
 		default:
 			r.cfg.Metrics.Retries.WithLabelValues("unclassified").Inc()
+			r.cfg.Progress.Retries.Add(1)
 			r.cfg.Logger.Warn("batch failed, retrying", "actor", "retry", "topic", b.Topic,
 				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
 		}
@@ -208,6 +212,7 @@ func (r *retry) deadLetter(rec processor.Record, reason error, attempts int) err
 		return fmt.Errorf("dead letter %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 	}
 	r.cfg.Metrics.DeadLetters.WithLabelValues(rec.Topic).Inc()
+	r.cfg.Progress.DeadLetters.Add(1)
 	return nil
 }
 
@@ -216,6 +221,7 @@ func (r *retry) observe(b processor.Batch, began time.Time) {
 	m := r.cfg.Metrics
 	part := metrics.Partition(b.Partition)
 	m.Records.WithLabelValues(b.Topic, part).Add(float64(len(b.Records)))
+	r.cfg.Progress.Records.Add(int64(len(b.Records)))
 	m.Batches.WithLabelValues(b.Topic, part).Inc()
 	m.BatchSeconds.WithLabelValues(b.Topic).Observe(now.Sub(began).Seconds())
 	e2e := m.EndToEndSeconds.WithLabelValues(b.Topic)

@@ -69,11 +69,16 @@ type Supervisor struct {
 	pending  map[TopicPartition][]*kafka.Message
 	gen      uint64
 	seeks    chan seekRequest
+	board    *Board
+	lastSnap time.Time
+	lastRecs map[TopicPartition]int64
 }
 
 // assigned is the poll loop's record of one assigned partition.
 type assigned struct {
 	pid      *actor.PID
+	progress *Progress
+	epoch    int64
 	gen      uint64
 	seek     uint64
 	buffered *atomic.Int64
@@ -89,13 +94,18 @@ type seekRequest struct {
 // NewSupervisor returns a supervisor for cfg in system.
 func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor {
 	return &Supervisor{
-		cfg:     cfg,
-		system:  system,
-		parts:   make(map[TopicPartition]*assigned),
-		pending: make(map[TopicPartition][]*kafka.Message),
-		seeks:   make(chan seekRequest, 1024),
+		cfg:      cfg,
+		system:   system,
+		parts:    make(map[TopicPartition]*assigned),
+		pending:  make(map[TopicPartition][]*kafka.Message),
+		seeks:    make(chan seekRequest, 1024),
+		board:    &Board{},
+		lastRecs: make(map[TopicPartition]int64),
 	}
 }
+
+// Board returns the supervisor's status board.
+func (s *Supervisor) Board() *Board { return s.board }
 
 // Run spawns the supervisor actor, builds the consumer, subscribes and polls
 // until ctx is done, then stops: stop polling, drain every partition (finish
@@ -103,7 +113,7 @@ func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor 
 // Close can hang after a fatal error), stop the actors. It returns nil on a
 // clean stop.
 func (s *Supervisor) Run(ctx context.Context) error {
-	props := actor.PropsFromProducer(func() actor.Actor { return &supervisorActor{cfg: &s.cfg} },
+	props := actor.PropsFromProducer(func() actor.Actor { return &supervisorActor{cfg: &s.cfg, progress: map[string]*Progress{}} },
 		actor.WithGuardian(actor.NewOneForOneStrategy(0, time.Second, actor.DefaultDecider)))
 	pid, err := s.system.Root.SpawnNamed(props, "supervisor")
 	if err != nil {
@@ -122,8 +132,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.closeConsumer()
 		return fmt.Errorf("subscribe %v: %w", s.cfg.Topics, err)
 	}
+	s.board.phase.Store(int32(PhaseRunning))
 	runErr := s.poll(ctx)
+	s.board.phase.Store(int32(PhaseDraining))
 	s.stop()
+	s.board.phase.Store(int32(PhaseStopped))
+	s.board.publish(nil, time.Now())
 	return runErr
 }
 
@@ -148,8 +162,44 @@ func (s *Supervisor) poll(ctx context.Context) error {
 		}
 		s.flushPending()
 		s.backpressure()
+		if time.Since(s.lastSnap) >= time.Second {
+			s.snapshot()
+		}
 	}
 	return nil
+}
+
+// snapshot publishes the assigned partitions to the board and the lag
+// gauges. The high watermarks come from the consumer's cache (no request).
+func (s *Supervisor) snapshot() {
+	now := time.Now()
+	elapsed := now.Sub(s.lastSnap).Seconds()
+	s.lastSnap = now
+	out := make([]PartitionSnapshot, 0, len(s.parts))
+	for tp, a := range s.parts {
+		p := a.progress
+		snap := PartitionSnapshot{Topic: tp.Topic, Partition: tp.Partition, Epoch: a.epoch,
+			Next: p.Next.Load(), Committed: p.Committed.Load(), End: -1, Records: p.Records.Load(),
+			Retries: p.Retries.Load(), DeadLetter: p.DeadLetters.Load(), Restarts: p.Restarts.Load(),
+			Paused: a.paused, Degraded: p.Degraded.Load()}
+		if _, high, err := s.consumer.GetWatermarkOffsets(tp.Topic, tp.Partition); err == nil && high >= 0 {
+			snap.End = high
+			pos := max(snap.Next, 0)
+			snap.Lag = max(high-pos, 0)
+			s.cfg.Metrics.Lag.WithLabelValues(tp.Topic, metrics.Partition(tp.Partition)).Set(float64(snap.Lag))
+		}
+		if prev, ok := s.lastRecs[tp]; ok && elapsed > 0 {
+			snap.RatePerSec = float64(snap.Records-prev) / elapsed
+		}
+		s.lastRecs[tp] = snap.Records
+		out = append(out, snap)
+	}
+	for tp := range s.lastRecs {
+		if _, ok := s.parts[tp]; !ok {
+			delete(s.lastRecs, tp)
+		}
+	}
+	s.board.publish(out, now)
 }
 
 func (s *Supervisor) handle(ev kafka.Event) error {
@@ -288,12 +338,12 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 			continue
 		}
 		s.gen++
-		a := &assigned{gen: s.gen, buffered: new(atomic.Int64)}
+		a := &assigned{gen: s.gen, buffered: new(atomic.Int64), progress: newProgress(st.start), epoch: claimEpoch(st.claim)}
 		pcfg := &PartitionConfig{
 			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
 			Format: s.cfg.Format(tp.Topic), BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
 			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ,
-			Buffered: a.buffered, Seek: s.requestSeek, Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
+			Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek, Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
 		}
 		res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
 		if err != nil {
@@ -307,7 +357,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		}
 		a.pid = pid
 		s.parts[tp] = a
-		s.system.Root.Send(s.cfg.Committer, &Register{TP: tp, Gen: a.gen, Start: st.start})
+		s.system.Root.Send(s.cfg.Committer, &Register{TP: tp, Gen: a.gen, Start: st.start, Progress: a.progress})
 		off := kafka.OffsetStored
 		if st.start >= 0 {
 			off = kafka.Offset(st.start)
@@ -320,6 +370,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.cfg.Logger.Error("incremental assign", "err", err)
 	}
 	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
+	s.snapshot()
 }
 
 type startOffset struct {
@@ -405,6 +456,7 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.cfg.Logger.Error("incremental unassign", "err", err)
 	}
 	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
+	s.snapshot()
 }
 
 // drainAndFlush lets every partition in tps finish its batch in flight, then
@@ -520,7 +572,8 @@ type spawnPartition struct{ cfg *PartitionConfig }
 // supervisorActor is the parent of the partition actors: spawning them as
 // its children puts their failures under its strategy.
 type supervisorActor struct {
-	cfg *SupervisorConfig
+	cfg      *SupervisorConfig
+	progress map[string]*Progress // by child id
 }
 
 // Receive implements actor.Actor.
@@ -534,7 +587,10 @@ func (a *supervisorActor) Receive(c actor.Context) {
 			c.Respond(err)
 			return
 		}
+		a.progress[pid.Id] = msg.cfg.Progress
 		c.Respond(pid)
+	case *actor.Terminated:
+		delete(a.progress, msg.Who.Id)
 	}
 }
 
@@ -560,6 +616,9 @@ func (a *supervisorActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervis
 		return
 	}
 	a.cfg.Metrics.Restarts.WithLabelValues("partition").Inc()
+	if p := a.progress[child.Id]; p != nil {
+		p.Restarts.Add(1)
+	}
 	log.Warn("partition actor restarted")
 	sup.RestartChildren(child)
 }

@@ -29,6 +29,7 @@ import (
 	"ratchet/internal/kafkaclient"
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
+	"ratchet/internal/web"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
 )
@@ -171,9 +172,36 @@ func (e *engine) run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
-	supCtx, stopSup := context.WithCancel(ctx)
-	defer stopSup()
-	wg.Go(func() { errs <- sup.Run(supCtx) })
+	httpCtx, stopHTTP := context.WithCancel(context.Background())
+	defer stopHTTP()
+	if cfg.HTTP.Addr != "" {
+		srv := web.New(web.Options{Addr: cfg.HTTP.Addr, Gatherer: e.reg, Logger: e.log,
+			Source: &source{cfg: cfg, owner: e.opts.Owner, board: sup.Board(), pool: pool}})
+		listening := make(chan error, 1)
+		wg.Go(func() { // ends when httpCtx is cancelled, after the supervisor stopped
+			err := srv.Run(httpCtx, func(addr string) {
+				listening <- nil
+				if e.opts.OnListening != nil {
+					e.opts.OnListening(addr)
+				}
+			})
+			listening <- err
+			if err != nil {
+				errs <- err
+			}
+		})
+		// A port in use stops the start before anything is consumed.
+		if err := <-listening; err != nil {
+			wg.Wait()
+			return err
+		}
+	}
+	wg.Go(func() {
+		// The page stays up through the drain (readiness says draining),
+		// then goes.
+		defer stopHTTP()
+		errs <- sup.Run(ctx)
+	})
 	wg.Wait()
 	close(errs)
 	var all []error
