@@ -154,9 +154,18 @@ func Load(path string, environ []string) (Config, error) {
 		}
 		problems = append(problems, cfg.applyYAML(raw)...)
 	}
-	problems = append(problems, cfg.applyEnv(environ)...)
+	envProblems, fromEnv := cfg.applyEnv(environ)
+	problems = append(problems, envProblems...)
 	if len(problems) == 0 {
 		if err := cfg.Validate(); err != nil {
+			var ve *Error
+			if errors.As(err, &ve) {
+				for i, p := range ve.Problems {
+					if env, ok := fromEnv[p.Key]; ok {
+						ve.Problems[i].Env = env
+					}
+				}
+			}
 			return cfg, err
 		}
 		return cfg, nil
@@ -214,7 +223,10 @@ func (c *Config) applyYAML(raw []byte) []Problem {
 	return problems
 }
 
-func (c *Config) applyEnv(environ []string) []Problem {
+// applyEnv overlays the RATCHET_* variables and returns the problems and,
+// by key, the variables that set a value.
+func (c *Config) applyEnv(environ []string) ([]Problem, map[string]string) {
+	fromEnv := map[string]string{}
 	fields := c.fields()
 	byEnv := make(map[string]*field, len(fields))
 	sections := map[string]bool{}
@@ -244,11 +256,12 @@ func (c *Config) applyEnv(environ []string) []Problem {
 			}
 			continue
 		}
+		fromEnv[f.key] = name
 		if err := f.setString(values[name]); err != nil {
 			problems = append(problems, Problem{Key: f.key, Env: name, Value: f.quote(values[name]), Allowed: err.Error()})
 		}
 	}
-	return problems
+	return problems, fromEnv
 }
 
 // LogValue implements slog.LogValuer: the configuration with secrets

@@ -58,8 +58,27 @@ func commands() []command {
 	}
 }
 
-// Main runs the command in args and returns the exit code.
+// Main runs the command in args under SIGINT/SIGTERM and returns the exit
+// code. A second signal exits at once.
 func Main(args, environ []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		// Exactly-once still holds after an immediate exit; an
+		// at-least-once run may replay its unflushed tail.
+		<-ctx.Done()
+		stop()
+		again := make(chan os.Signal, 1)
+		signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
+		<-again
+		fmt.Fprintln(stderr, "ratchet: second signal, exiting now")
+		os.Exit(ExitError)
+	}()
+	return Run(ctx, args, environ, stdout, stderr)
+}
+
+// Run runs the command in args until ctx is done and returns the exit code.
+func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
 	e := &env{environ: environ, stdout: stdout, stderr: stderr}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		printUsage(stderr)
@@ -80,19 +99,6 @@ func Main(args, environ []string, stdout, stderr io.Writer) int {
 		printUsage(stderr)
 		return ExitConfig
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	go func() {
-		// A second signal exits at once: exactly-once still holds, an
-		// at-least-once run may replay its unflushed tail.
-		<-ctx.Done()
-		stop()
-		again := make(chan os.Signal, 1)
-		signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
-		<-again
-		fmt.Fprintln(stderr, "ratchet: second signal, exiting now")
-		os.Exit(ExitError)
-	}()
 	err := cmd.run(ctx, e, args[1:])
 	return exitCode(stderr, err)
 }
