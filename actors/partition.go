@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,10 @@ type PartitionConfig struct {
 	Buffered *atomic.Int64
 	// Progress is published for observers (page, readiness, lag).
 	Progress *Progress
+	// PanicLimit is how often a batch start may panic (each time a
+	// supervised restart and a re-read) before its records are isolated
+	// and the panicking one is dead-lettered.
+	PanicLimit int
 	// Seek asks the poll loop to move the fetch position to next (after a
 	// restart); the answer arrives as *Seeked.
 	Seek    func(self *actor.PID, tp TopicPartition, next int64)
@@ -56,6 +61,7 @@ type partitionState struct {
 	seek     uint64 // accepted seek generation
 	restarts int
 	fenced   bool
+	panics   map[int64]int // batch start offset → processor panics there
 }
 
 // entry is one buffered record: decoded, or poison with the reason.
@@ -89,7 +95,7 @@ type Partition struct {
 
 // NewPartition returns the producer of a partition actor.
 func NewPartition(cfg *PartitionConfig) actor.Producer {
-	st := &partitionState{next: cfg.Start}
+	st := &partitionState{next: cfg.Start, panics: map[int64]int{}}
 	return func() actor.Actor { return &Partition{cfg: cfg, state: st} }
 }
 
@@ -244,6 +250,20 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 	if p.inFlight == nil || msg.next != p.inFlight.Next {
 		return // a reply for an incarnation's batch that no longer exists
 	}
+	var pe *PanicError
+	if errors.As(msg.err, &pe) {
+		p.state.panics[msg.start]++
+		if p.state.panics[msg.start] < p.cfg.PanicLimit {
+			// Let supervision restart this actor (logged and counted by the
+			// supervisor); the new incarnation seeks back to the watermark
+			// and re-reads the batch, so nothing is skipped.
+			panic(pe)
+		}
+		p.log().Warn("batch keeps panicking; isolating the record", "offset", msg.start,
+			"panics", p.state.panics[msg.start])
+		c.Send(p.retry, &applyBatch{batch: *p.inFlight, isolatePanics: true})
+		return
+	}
 	n := p.inFlightN
 	p.inFlight, p.inFlightN = nil, 0
 	p.release(n)
@@ -268,6 +288,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		return
 	}
 	p.state.next = msg.next
+	clear(p.state.panics)
 	p.cfg.Progress.Next.Store(msg.next)
 	p.cfg.Metrics.StoredOffset.WithLabelValues(p.cfg.TP.Topic, metrics.Partition(p.cfg.TP.Partition)).Set(float64(msg.next))
 	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next})

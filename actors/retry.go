@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
@@ -58,6 +59,12 @@ type PanicError struct {
 
 func (e *PanicError) Error() string { return fmt.Sprintf("processor panic: %v", e.Value) }
 
+// isPanic reports whether err carries a *PanicError.
+func isPanic(err error) bool {
+	var pe *PanicError
+	return errors.As(err, &pe)
+}
+
 // applyBatch asks the retry actor to apply a batch. Sent by the partition
 // actor, at most one at a time. Poison records of the batch's range, found
 // while decoding, travel with it: they are dead-lettered before the batch
@@ -65,6 +72,10 @@ func (e *PanicError) Error() string { return fmt.Sprintf("processor panic: %v", 
 type applyBatch struct {
 	batch  processor.Batch
 	poison []deadLetter
+	// isolatePanics treats a processor panic as a record error (bisect,
+	// dead-letter the record) instead of reporting it to the parent. Set
+	// once a batch start has panicked as often as the partition allows.
+	isolatePanics bool
 }
 
 type deadLetter struct {
@@ -86,8 +97,9 @@ type batchDone struct {
 // order, and each bad record goes to the dead-letter topic. It runs as a
 // child so that its parent keeps answering Drain while a batch waits here.
 type retry struct {
-	ctx context.Context // cancelled by the parent when it stops or restarts
-	cfg *PartitionConfig
+	ctx           context.Context // cancelled by the parent when it stops or restarts
+	cfg           *PartitionConfig
+	isolatePanics bool // for the message being handled
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -100,6 +112,7 @@ func (r *retry) Receive(c actor.Context) {
 	if !ok {
 		return
 	}
+	r.isolatePanics = msg.isolatePanics
 	err := r.run(msg)
 	c.Send(c.Parent(), &batchDone{start: msg.batch.Start, next: msg.batch.Next, err: err})
 }
@@ -138,6 +151,11 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 		}
 		switch {
 		case store.IsOffsetConflict(err):
+			return err
+		case isPanic(err) && !r.isolatePanics:
+			// The parent decides: restart (supervised, logged) and re-read
+			// from the watermark, or isolate once the record has used up
+			// its restarts.
 			return err
 		case store.IsTransient(err):
 			if degradedSince.IsZero() {

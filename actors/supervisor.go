@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,9 +70,12 @@ type Supervisor struct {
 	pending  map[TopicPartition][]*kafka.Message
 	gen      uint64
 	seeks    chan seekRequest
-	board    *Board
-	lastSnap time.Time
-	lastRecs map[TopicPartition]int64
+	// overBudget carries partitions whose actor exceeded its restart
+	// budget; the poll loop then stops the engine with an error.
+	overBudget chan TopicPartition
+	board      *Board
+	lastSnap   time.Time
+	lastRecs   map[TopicPartition]int64
 }
 
 // assigned is the poll loop's record of one assigned partition.
@@ -113,7 +117,9 @@ func (s *Supervisor) Board() *Board { return s.board }
 // Close can hang after a fatal error), stop the actors. It returns nil on a
 // clean stop.
 func (s *Supervisor) Run(ctx context.Context) error {
-	props := actor.PropsFromProducer(func() actor.Actor { return &supervisorActor{cfg: &s.cfg, progress: map[string]*Progress{}} },
+	props := actor.PropsFromProducer(func() actor.Actor {
+		return &supervisorActor{cfg: &s.cfg, children: map[string]child{}, overBudget: s.overBudget}
+	},
 		actor.WithGuardian(actor.NewOneForOneStrategy(0, time.Second, actor.DefaultDecider)))
 	pid, err := s.system.Root.SpawnNamed(props, "supervisor")
 	if err != nil {
@@ -145,6 +151,11 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // fatal consumer error.
 func (s *Supervisor) poll(ctx context.Context) error {
 	for ctx.Err() == nil {
+		select {
+		case tp := <-s.overBudget:
+			return fmt.Errorf("partition actor %s over its restart budget", tp)
+		default:
+		}
 		s.serveSeeks()
 		if err := s.handle(s.consumer.Poll(100)); err != nil {
 			return err
@@ -283,7 +294,13 @@ func (s *Supervisor) seek(r seekRequest) {
 		s.system.Root.Send(r.pid, &Seeked{Next: r.next, Err: errors.New("partition no longer assigned")})
 		return
 	}
-	if r.next >= 0 {
+	if r.next < 0 {
+		// Nothing was ever read: the mailbox holds the partition from its
+		// start, keep it.
+		s.system.Root.Send(r.pid, &Seeked{Seek: a.seek, Next: r.next})
+		return
+	}
+	{
 		res, err := s.consumer.SeekPartitions([]kafka.TopicPartition{ktp(r.tp, kafka.Offset(r.next))})
 		if err == nil && len(res) == 1 && res[0].Error != nil {
 			err = res[0].Error
@@ -343,7 +360,8 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
 			Format: s.cfg.Format(tp.Topic), BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
 			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ,
-			Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek, Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
+			Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek,
+			PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
 		}
 		res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
 		if err != nil {
@@ -572,8 +590,14 @@ type spawnPartition struct{ cfg *PartitionConfig }
 // supervisorActor is the parent of the partition actors: spawning them as
 // its children puts their failures under its strategy.
 type supervisorActor struct {
-	cfg      *SupervisorConfig
-	progress map[string]*Progress // by child id
+	cfg        *SupervisorConfig
+	children   map[string]child // by child id
+	overBudget chan<- TopicPartition
+}
+
+type child struct {
+	tp       TopicPartition
+	progress *Progress
 }
 
 // Receive implements actor.Actor.
@@ -587,10 +611,10 @@ func (a *supervisorActor) Receive(c actor.Context) {
 			c.Respond(err)
 			return
 		}
-		a.progress[pid.Id] = msg.cfg.Progress
+		a.children[pid.Id] = child{tp: msg.cfg.TP, progress: msg.cfg.Progress}
 		c.Respond(pid)
 	case *actor.Terminated:
-		delete(a.progress, msg.Who.Id)
+		delete(a.children, msg.Who.Id)
 	}
 }
 
@@ -602,22 +626,38 @@ func (a *supervisorActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervis
 	rs *actor.RestartStatistics, reason any, message any) {
 	rs.Fail()
 	n := rs.NumberOfFailures(a.cfg.RestartWindow)
-	log := a.cfg.Logger.With("actor", child.Id, "reason", fmt.Sprint(reason), "restarts", n)
-	if pe, ok := reason.(*PanicError); ok {
-		log = log.With("offset", pe.Offset)
-		a.cfg.Logger.Debug("partition actor panic stack", "actor", child.Id, "stack", string(pe.Stack))
+	ch := a.children[child.Id]
+	log := a.cfg.Logger.With("actor", "partition", "topic", ch.tp.Topic, "partition", ch.tp.Partition,
+		"reason", fmt.Sprint(reason), "restarts", n)
+	var stack []byte
+	switch r := reason.(type) {
+	case *PanicError:
+		log, stack = log.With("offset", r.Offset), r.Stack
+	default:
+		stack = debug.Stack()
+		if rs, ok := message.(*Records); ok && len(rs.Msgs) > 0 {
+			log = log.With("offset", int64(rs.Msgs[0].TopicPartition.Offset))
+		}
 	}
-	if rs, ok := message.(*Records); ok && len(rs.Msgs) > 0 {
-		log = log.With("offset", int64(rs.Msgs[0].TopicPartition.Offset))
-	}
+	a.cfg.Logger.Debug("partition actor failure stack", "topic", ch.tp.Topic, "partition", ch.tp.Partition,
+		"stack", string(stack))
 	if n > a.cfg.MaxRestarts {
-		log.Error("partition actor over its restart budget; stopping it")
+		// Policy: a partition that keeps failing on different records is
+		// not healthy, and skipping it would lose records. Stop it and stop
+		// the process non-zero (after draining the others) so that the
+		// container restarts and the group re-balances.
+		log.Error("partition actor over its restart budget; stopping the engine",
+			"budget", a.cfg.MaxRestarts, "window", a.cfg.RestartWindow.String())
 		sup.StopChildren(child)
+		select {
+		case a.overBudget <- ch.tp:
+		default:
+		}
 		return
 	}
 	a.cfg.Metrics.Restarts.WithLabelValues("partition").Inc()
-	if p := a.progress[child.Id]; p != nil {
-		p.Restarts.Add(1)
+	if ch.progress != nil {
+		ch.progress.Restarts.Add(1)
 	}
 	log.Warn("partition actor restarted")
 	sup.RestartChildren(child)

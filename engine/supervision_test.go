@@ -1,0 +1,193 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"ratchet/config"
+	"ratchet/engine"
+	"ratchet/internal/testenv"
+	ratchetv1 "ratchet/messages/ratchet/v1"
+	"ratchet/processor"
+
+	"log/slog"
+)
+
+// lockedBuffer collects log output from many goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) lines(substr string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range strings.Split(l.b.String(), "\n") {
+		if strings.Contains(line, substr) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// panicky wraps the ledger and panics in Process for chosen events.
+type panicky struct {
+	ledger
+	mu     sync.Mutex
+	panics int
+	seen   map[string]bool
+	choose func(id string) bool
+	always bool
+}
+
+func (p *panicky) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+	p.mu.Lock()
+	for _, r := range b.Records {
+		if p.choose(r.Event.Id) && (p.always || !p.seen[r.Event.Id]) {
+			p.seen[r.Event.Id] = true
+			p.panics++
+			p.mu.Unlock()
+			panic("boom on " + r.Event.Id)
+		}
+	}
+	p.mu.Unlock()
+	return p.ledger.Process(ctx, tx, b)
+}
+
+func runWithLogs(tb testing.TB, cfg config.Config, p processor.Processor, reg *prometheus.Registry, logs *lockedBuffer) *running {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	go func() {
+		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: p, Logger: log, Registry: reg, Owner: "sup"})
+	}()
+	tb.Cleanup(func() { r.stop(tb) })
+	return r
+}
+
+func TestPanicOnceEveryThousandthRecord(t *testing.T) {
+	const n = 24_000
+	_, addr := testenv.Kafka(t, 12, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	g := &gen{}
+	events := make([]*ratchetv1.Event, n)
+	for i := range events {
+		events[i] = g.next()
+	}
+	newProducer(t, addr).send(t, events)
+
+	every := map[string]bool{}
+	for i := 999; i < n; i += 1000 {
+		every[events[i].Id] = true
+	}
+	p := &panicky{ledger: ledger{"sup"}, seen: map[string]bool{}, choose: func(id string) bool { return every[id] }}
+	reg := prometheus.NewRegistry()
+	logs := &lockedBuffer{}
+	r := runWithLogs(t, testConfig(t, addr, dbURL, config.ModeAtLeastOnce), p, reg, logs)
+	waitApplied(t, pool, n)
+	r.stop(t)
+
+	assertLedgerExactlyOnce(t, pool, n)
+	p.mu.Lock()
+	panics := p.panics
+	p.mu.Unlock()
+	if panics != len(every) {
+		t.Errorf("processor panicked %d times, want %d", panics, len(every))
+	}
+	restarts := testutil.ToFloat64(metricVec(t, reg, "ratchet_actor_restarts_total"))
+	if int(restarts) != panics {
+		t.Errorf("ratchet_actor_restarts_total = %v, want %d", restarts, panics)
+	}
+	lines := logs.lines(`"msg":"partition actor restarted"`)
+	if len(lines) != panics {
+		t.Errorf("%d restart log lines, want %d", len(lines), panics)
+	}
+	for _, l := range lines {
+		for _, key := range []string{`"topic":"events"`, `"partition":`, `"offset":`, `"reason":"processor panic: boom on`, `"restarts":`} {
+			if !strings.Contains(l, key) {
+				t.Errorf("restart line lacks %s: %s", key, l)
+			}
+		}
+	}
+}
+
+func TestRecordThatAlwaysPanicsIsIsolated(t *testing.T) {
+	const n = 6_000
+	_, addr := testenv.Kafka(t, 12, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	g := &gen{}
+	events := make([]*ratchetv1.Event, n)
+	for i := range events {
+		events[i] = g.next()
+	}
+	newProducer(t, addr).send(t, events)
+
+	bad := events[2500].Id
+	p := &panicky{ledger: ledger{"sup"}, seen: map[string]bool{}, always: true, choose: func(id string) bool { return id == bad }}
+	reg := prometheus.NewRegistry()
+	logs := &lockedBuffer{}
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	r := runWithLogs(t, cfg, p, reg, logs)
+	waitApplied(t, pool, n-1)
+	r.stop(t)
+
+	assertLedgerExactlyOnce(t, pool, n-1)
+	if got := count(t, pool, `SELECT count(*) FROM test_ledger WHERE id = '`+bad+`'`); got != 0 {
+		t.Errorf("the panicking record was applied %d times", got)
+	}
+	limit := min(cfg.Retry.MaxAttempts, cfg.Supervision.MaxRestarts)
+	if got := len(logs.lines(`"msg":"partition actor restarted"`)); got != limit-1 {
+		t.Errorf("%d restarts before isolating, want %d", got, limit-1)
+	}
+	if got := len(logs.lines(`"msg":"dead letter"`)); got != 1 {
+		t.Errorf("%d dead letters, want 1: %v", got, logs.lines(`dead letter`))
+	}
+}
+
+// metricVec returns the collector registered under name.
+func metricVec(tb testing.TB, reg *prometheus.Registry, name string) prometheus.Collector {
+	tb.Helper()
+	return gathererCollector{reg: reg, name: name}
+}
+
+// gathererCollector re-exposes one metric family of a registry so that
+// testutil.ToFloat64 can sum it.
+type gathererCollector struct {
+	reg  *prometheus.Registry
+	name string
+}
+
+func (g gathererCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (g gathererCollector) Collect(ch chan<- prometheus.Metric) {
+	mfs, _ := g.reg.Gather()
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != g.name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "sum", nil, nil), prometheus.UntypedValue, sum)
+}
