@@ -20,7 +20,7 @@ import (
 // (exactly-once) the same transaction moves the stored offset from b.Start to
 // b.Next, guarded by the claim's epoch. *store.Store implements it.
 type Applier interface {
-	Apply(ctx context.Context, b processor.Batch, claim *store.Claim) error
+	Apply(ctx context.Context, b processor.Batch, claim *store.Claim, dead ...store.DeadLetter) error
 }
 
 // PartitionConfig configures one partition actor.
@@ -36,6 +36,7 @@ type PartitionConfig struct {
 	Applier   Applier
 	Committer *actor.PID
 	DLQ       DeadLetterer
+	DLQTopic  string // where this partition's dead letters go
 	// Buffered counts records handed to this partition and not yet applied
 	// or dropped. The poll loop adds, the actor subtracts; the poll loop
 	// pauses the partition above the configured bound.

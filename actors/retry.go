@@ -43,11 +43,11 @@ func (r RetryPolicy) Backoff(attempt int) time.Duration {
 	return half + rand.N(d-half+1)
 }
 
-// DeadLetterer hands a record that can never be applied to the dead-letter
-// topic and returns once it is durable there. It blocks (retrying) rather
+// DeadLetterer hands records that can never be applied to the dead-letter
+// topic and returns once all are durable there. It blocks (retrying) rather
 // than drop anything; it returns an error only when ctx ends.
 type DeadLetterer interface {
-	DeadLetter(ctx context.Context, rec processor.Record, reason error, attempts int) error
+	DeadLetter(ctx context.Context, letters []Letter) error
 }
 
 // PanicError is a panic recovered from a processor, with its stack.
@@ -100,6 +100,10 @@ type retry struct {
 	ctx           context.Context // cancelled by the parent when it stops or restarts
 	cfg           *PartitionConfig
 	isolatePanics bool // for the message being handled
+	// unrecorded holds dead letters written to the DLQ topic but not yet
+	// recorded in PostgreSQL; the next transaction of this batch records
+	// them (exactly-once).
+	unrecorded []store.DeadLetter
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -118,8 +122,13 @@ func (r *retry) Receive(c actor.Context) {
 }
 
 func (r *retry) run(msg *applyBatch) error {
-	for _, d := range msg.poison {
-		if err := r.deadLetter(d.rec, d.err, 1); err != nil {
+	r.unrecorded = r.unrecorded[:0]
+	if len(msg.poison) > 0 {
+		letters := make([]Letter, len(msg.poison))
+		for i, d := range msg.poison {
+			letters[i] = Letter{Record: d.rec, Reason: d.err, Attempts: 1}
+		}
+		if err := r.deadLetter(letters...); err != nil {
 			return err
 		}
 	}
@@ -138,11 +147,13 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 	}()
 	for attempt := 0; ; attempt++ {
 		if r.cfg.Claim == nil && len(b.Records) == 0 {
+			r.unrecorded = r.unrecorded[:0]
 			return nil // at-least-once: nothing to write, the commit moves the offset
 		}
 		began := time.Now()
 		err := r.safeApply(b)
 		if err == nil {
+			r.unrecorded = r.unrecorded[:0]
 			r.observe(b, began)
 			return nil
 		}
@@ -195,7 +206,7 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 		if !store.IsRecordError(cause) && attempts < r.cfg.Retry.MaxAttempts {
 			return r.apply(b, r.cfg.Retry.MaxAttempts)
 		}
-		if err := r.deadLetter(b.Records[0], cause, attempts); err != nil {
+		if err := r.deadLetter(Letter{Record: b.Records[0], Reason: cause, Attempts: attempts}); err != nil {
 			return err
 		}
 		b.Records = nil
@@ -220,17 +231,28 @@ func (r *retry) safeApply(b processor.Batch) (err error) {
 			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
 		}
 	}()
-	return r.cfg.Applier.Apply(r.ctx, b, r.cfg.Claim)
+	return r.cfg.Applier.Apply(r.ctx, b, r.cfg.Claim, r.unrecorded...)
 }
 
-func (r *retry) deadLetter(rec processor.Record, reason error, attempts int) error {
-	r.cfg.Logger.Warn("dead letter", "actor", "retry", "topic", rec.Topic, "partition", rec.Partition,
-		"offset", rec.Offset, "reason", reason.Error())
-	if err := r.cfg.DLQ.DeadLetter(r.ctx, rec, reason, attempts); err != nil {
-		return fmt.Errorf("dead letter %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)
+// deadLetter writes letters to the dead-letter topic and waits until they
+// are durable; they are recorded in PostgreSQL with the next transaction.
+func (r *retry) deadLetter(letters ...Letter) error {
+	now := time.Now()
+	for i := range letters {
+		letters[i].FailedAt = now
+		l := letters[i]
+		r.cfg.Logger.Warn("dead letter", "actor", "retry", "topic", l.Record.Topic, "partition", l.Record.Partition,
+			"offset", l.Record.Offset, "attempts", l.Attempts, "reason", l.Reason.Error())
 	}
-	r.cfg.Metrics.DeadLetters.WithLabelValues(rec.Topic).Inc()
-	r.cfg.Progress.DeadLetters.Add(1)
+	if err := r.cfg.DLQ.DeadLetter(r.ctx, letters); err != nil {
+		return fmt.Errorf("dead letter %s[%d]: %w", letters[0].Record.Topic, letters[0].Record.Partition, err)
+	}
+	for _, l := range letters {
+		r.unrecorded = append(r.unrecorded, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
+			Attempts: l.Attempts, DLQTopic: r.cfg.DLQTopic, FailedAt: l.FailedAt})
+	}
+	r.cfg.Metrics.DeadLetters.WithLabelValues(letters[0].Record.Topic).Add(float64(len(letters)))
+	r.cfg.Progress.DeadLetters.Add(int64(len(letters)))
 	return nil
 }
 

@@ -44,7 +44,17 @@ type SupervisorConfig struct {
 	Retry           RetryPolicy
 	Applier         Applier
 	DLQ             DeadLetterer
-	Committer       *actor.PID
+	// DLQTopic returns the dead-letter topic of an input topic.
+	DLQTopic  func(topic string) string
+	Committer *actor.PID
+	// InstanceID is kafka.instance_id (static membership), for messages.
+	InstanceID string
+	// RecycleInterval rebuilds the consumer this often (drain and flush
+	// first); 0 never.
+	RecycleInterval time.Duration
+	// BrokersDownAfter rebuilds the consumer when every broker has been
+	// down this long; 0 never (librdkafka reconnects by itself).
+	BrokersDownAfter time.Duration
 	// DrainTimeout bounds the drain and flush of a revoke and of a stop.
 	DrainTimeout time.Duration
 	// MaxRestarts within RestartWindow is a partition actor's restart
@@ -74,6 +84,8 @@ type Supervisor struct {
 	// budget; the poll loop then stops the engine with an error.
 	overBudget chan TopicPartition
 	board      *Board
+	current    atomic.Pointer[kafka.Consumer] // the consumer whose callbacks count
+	downSince  time.Time                      // first all-brokers-down since the last record
 	lastSnap   time.Time
 	lastRecs   map[TopicPartition]int64
 }
@@ -128,37 +140,71 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.pid = pid
 	defer func() { _ = s.system.Root.StopFuture(pid).Wait() }()
 
-	c, err := s.cfg.NewConsumer()
-	if err != nil {
-		return err
+	for {
+		c, err := s.cfg.NewConsumer()
+		if err != nil {
+			return err
+		}
+		s.consumer = c
+		s.current.Store(c)
+		s.cfg.OnConsumer(c)
+		if err := c.SubscribeTopics(s.cfg.Topics, s.rebalance); err != nil {
+			s.closeConsumer()
+			return fmt.Errorf("subscribe %v: %w", s.cfg.Topics, err)
+		}
+		s.board.phase.Store(int32(PhaseRunning))
+		rebuild, runErr := s.poll(ctx)
+		if rebuild == "" {
+			s.board.phase.Store(int32(PhaseDraining))
+		} else {
+			s.board.phase.Store(int32(PhaseStarting))
+			s.cfg.Logger.Info("rebuilding the consumer: draining and flushing first", "reason", rebuild)
+		}
+		s.stop()
+		if rebuild == "" || ctx.Err() != nil {
+			s.board.phase.Store(int32(PhaseStopped))
+			s.board.publish(nil, time.Now())
+			return runErr
+		}
+		s.cfg.Metrics.Reconnects.WithLabelValues(rebuild).Inc()
+		s.cfg.Logger.Info("consumer closed; building a new one", "reason", rebuild)
 	}
-	s.consumer = c
-	s.cfg.OnConsumer(c)
-	if err := c.SubscribeTopics(s.cfg.Topics, s.rebalance); err != nil {
-		s.closeConsumer()
-		return fmt.Errorf("subscribe %v: %w", s.cfg.Topics, err)
-	}
-	s.board.phase.Store(int32(PhaseRunning))
-	runErr := s.poll(ctx)
-	s.board.phase.Store(int32(PhaseDraining))
-	s.stop()
-	s.board.phase.Store(int32(PhaseStopped))
-	s.board.publish(nil, time.Now())
-	return runErr
 }
 
-// poll is the loop. It returns nil when ctx is done and an error after a
-// fatal consumer error.
-func (s *Supervisor) poll(ctx context.Context) error {
+// Reasons to rebuild the consumer, as poll returns them.
+const (
+	rebuildRecycle     = "recycle"
+	rebuildFatal       = "fatal"
+	rebuildBrokersDown = "brokers_down"
+)
+
+// poll is the loop. It returns when ctx is done (nil, nil), when the
+// consumer must be rebuilt (the reason), or with an error that ends the
+// engine: a fenced static member (another instance has this
+// kafka.instance_id: rebuilding would fence it in turn) or a partition
+// over its restart budget.
+func (s *Supervisor) poll(ctx context.Context) (string, error) {
+	var recycleAt time.Time
+	if s.cfg.RecycleInterval > 0 {
+		recycleAt = time.Now().Add(s.cfg.RecycleInterval)
+	}
+	s.downSince = time.Time{}
 	for ctx.Err() == nil {
 		select {
 		case tp := <-s.overBudget:
-			return fmt.Errorf("partition actor %s over its restart budget", tp)
+			return "", fmt.Errorf("partition actor %s over its restart budget", tp)
 		default:
 		}
+		if !recycleAt.IsZero() && time.Now().After(recycleAt) {
+			return rebuildRecycle, nil
+		}
+		if !s.downSince.IsZero() && s.cfg.BrokersDownAfter > 0 && time.Since(s.downSince) > s.cfg.BrokersDownAfter {
+			s.cfg.Logger.Warn("all brokers down too long", "for", time.Since(s.downSince).Round(time.Second).String())
+			return rebuildBrokersDown, nil
+		}
 		s.serveSeeks()
-		if err := s.handle(s.consumer.Poll(100)); err != nil {
-			return err
+		if r, err := s.handle(s.consumer.Poll(100)); r != "" || err != nil {
+			return r, err
 		}
 		// Take what is already fetched without waiting, so records reach
 		// their partitions in runs rather than one message at a time.
@@ -167,8 +213,8 @@ func (s *Supervisor) poll(ctx context.Context) error {
 			if ev == nil {
 				break
 			}
-			if err := s.handle(ev); err != nil {
-				return err
+			if r, err := s.handle(ev); r != "" || err != nil {
+				return r, err
 			}
 		}
 		s.flushPending()
@@ -177,7 +223,7 @@ func (s *Supervisor) poll(ctx context.Context) error {
 			s.snapshot()
 		}
 	}
-	return nil
+	return "", nil
 }
 
 // snapshot publishes the assigned partitions to the board and the lag
@@ -213,14 +259,15 @@ func (s *Supervisor) snapshot() {
 	s.board.publish(out, now)
 }
 
-func (s *Supervisor) handle(ev kafka.Event) error {
+func (s *Supervisor) handle(ev kafka.Event) (string, error) {
 	switch e := ev.(type) {
 	case nil:
 	case *kafka.Message:
+		s.downSince = time.Time{}
 		if e.TopicPartition.Error != nil {
 			s.cfg.Logger.Warn("consumer message error", "topic", *e.TopicPartition.Topic,
 				"partition", e.TopicPartition.Partition, "err", e.TopicPartition.Error)
-			return nil
+			return "", nil
 		}
 		tp := TopicPartition{Topic: *e.TopicPartition.Topic, Partition: e.TopicPartition.Partition}
 		if _, ok := s.parts[tp]; ok {
@@ -229,11 +276,23 @@ func (s *Supervisor) handle(ev kafka.Event) error {
 	case kafka.Error:
 		if e.IsFatal() {
 			s.cfg.Logger.Error("fatal consumer error", "code", e.Code().String(), "err", e)
-			return fmt.Errorf("fatal consumer error: %w", e)
+			if e.Code() == kafka.ErrFencedInstanceID {
+				// Policy: two instances share kafka.instance_id. That is a
+				// deployment error; rebuilding would fence the other one
+				// and loop. Flush what we can and stop non-zero.
+				return "", fmt.Errorf("fenced static member (kafka.instance_id %q is used by another instance): %w",
+					s.cfg.InstanceID, e)
+			}
+			return rebuildFatal, nil
+		}
+		if e.Code() == kafka.ErrAllBrokersDown {
+			if s.downSince.IsZero() {
+				s.downSince = time.Now()
+			}
 		}
 		s.cfg.Logger.Warn("consumer error", "code", e.Code().String(), "err", e)
 	}
-	return nil
+	return "", nil
 }
 
 // flushPending hands the records read in this round to their partitions.
@@ -328,6 +387,17 @@ func (s *Supervisor) requestSeek(pid *actor.PID, tp TopicPartition, next int64) 
 // inside Close) on the poll loop goroutine. Its returned error is ignored by
 // the client, so every failure is handled here.
 func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
+	if s.current.Load() != c {
+		// A consumer abandoned after a Close timeout: its callbacks must
+		// not touch the state of its successor.
+		switch e := ev.(type) {
+		case kafka.AssignedPartitions:
+			_ = c.IncrementalAssign(e.Partitions)
+		case kafka.RevokedPartitions:
+			_ = c.IncrementalUnassign(e.Partitions)
+		}
+		return nil
+	}
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
 		s.assign(c, e.Partitions)
@@ -359,7 +429,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		pcfg := &PartitionConfig{
 			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
 			Format: s.cfg.Format(tp.Topic), BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
-			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ,
+			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
 			Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek,
 			PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
 		}
@@ -561,6 +631,7 @@ func (s *Supervisor) closeConsumer() {
 		s.cfg.Logger.Error("close consumer timed out; abandoning it", "timeout", s.cfg.DrainTimeout.String())
 	}
 	s.consumer = nil
+	s.current.Store(nil)
 	s.cfg.OnConsumer(nil)
 }
 

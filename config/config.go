@@ -1,30 +1,41 @@
-// Package config loads ratchet's configuration from a YAML file and
-// RATCHET_* environment variables (the environment wins), fills in the
-// defaults of DESIGN.md, and validates every value, reporting all problems
-// at once, each on one line that names the key, the value and what is
-// allowed. Secrets (the password of postgres.url, sensitive
-// kafka.properties) never appear in what this package prints.
+// Package config loads ratchet's configuration: the defaults of DESIGN.md,
+// overlaid by a YAML file, overlaid by RATCHET_* environment variables (the
+// environment wins). Load and Validate report every problem at once as an
+// *Error, one line per problem naming the key, the value and what is
+// allowed; the command line exits with code 2 on it.
+//
+// Secrets never appear in what this package prints: the password of
+// postgres.url (a SecretURL) and sensitive kafka.properties values (see
+// SensitiveProperty) render as REDACTED in String, fmt verbs, slog and
+// problem lines. Only SecretURL.Reveal returns the real URL.
 package config
 
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
-	"sort"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// Commit modes.
+// Commit modes (commit.mode).
 const (
 	ModeExactlyOnce = "exactly-once"
 	ModeAtLeastOnce = "at-least-once"
 )
 
-// Config is the whole configuration.
+// Value formats (kafka.format, kafka.topic_formats).
+const (
+	FormatProtobuf = "protobuf"
+	FormatJSON     = "json"
+)
+
+// Config is the whole configuration. Build it with Default or Load; a value
+// built by hand should pass Validate before use.
 type Config struct {
 	Kafka       Kafka
 	Postgres    Postgres
@@ -37,21 +48,26 @@ type Config struct {
 	Log         Log
 }
 
-// Kafka is the kafka section.
+// Kafka is the kafka section: where to read and how.
 type Kafka struct {
-	Brokers         []string
-	GroupID         string
-	Topics          []string
-	Format          string
-	TopicFormats    map[string]string
-	DLQTopicName    string // kafka.dlq_topic; empty means <topic>.dlq
-	InstanceID      string
-	Properties      Properties
+	Brokers      []string          // kafka.brokers, host:port
+	GroupID      string            // kafka.group_id
+	Topics       []string          // kafka.topics
+	Format       string            // kafka.format, FormatProtobuf or FormatJSON
+	TopicFormats map[string]string // kafka.topic_formats, per-topic Format override
+	DLQTopicName string            // kafka.dlq_topic; empty means <topic>.dlq (see DLQTopic)
+	InstanceID   string            // kafka.instance_id, group.instance.id when set
+	Properties   Properties        // kafka.properties, extra librdkafka properties
+	// RecycleInterval (kafka.recycle_interval) rebuilds the consumer this
+	// often, after a drain and flush; 0 is off.
 	RecycleInterval time.Duration
+	// AutoOffsetReset (kafka.auto_offset_reset), earliest or latest, applies
+	// only to partitions with no stored or committed offset.
 	AutoOffsetReset string
 }
 
-// DLQTopic returns the dead-letter topic of topic.
+// DLQTopic returns the dead-letter topic of the input topic: kafka.dlq_topic
+// when set, otherwise topic + ".dlq".
 func (k Kafka) DLQTopic(topic string) string {
 	if k.DLQTopicName != "" {
 		return k.DLQTopicName
@@ -61,67 +77,76 @@ func (k Kafka) DLQTopic(topic string) string {
 
 // Postgres is the postgres section.
 type Postgres struct {
-	URL      SecretURL
+	URL SecretURL // postgres.url; prints redacted, Reveal to connect
+	// MaxConns (postgres.max_conns) is the pool size; 0 means the number of
+	// assigned partitions + 4, chosen at run time.
 	MaxConns int
 }
 
-// Processing is the processing section.
+// Processing is the processing section: batching and back-pressure.
 type Processing struct {
-	BatchSize               int
-	BatchLinger             time.Duration
-	MaxBufferedPerPartition int
+	BatchSize               int           // processing.batch_size, max records per transaction
+	BatchLinger             time.Duration // processing.batch_linger, max wait to fill a batch
+	MaxBufferedPerPartition int           // processing.max_buffered_per_partition, pause above this
 }
 
 // Commit is the commit section.
 type Commit struct {
-	Mode     string
-	Interval time.Duration
+	Mode     string        // commit.mode, ModeExactlyOnce or ModeAtLeastOnce
+	Interval time.Duration // commit.interval, Kafka commit cadence
 }
 
-// Retry is the retry section.
+// Retry is the retry section: record-level retries with exponential backoff.
 type Retry struct {
-	InitialBackoff time.Duration
-	MaxBackoff     time.Duration
-	MaxAttempts    int
+	InitialBackoff time.Duration // retry.initial_backoff
+	MaxBackoff     time.Duration // retry.max_backoff, at least InitialBackoff
+	MaxAttempts    int           // retry.max_attempts, before a record goes to the DLQ
 }
 
 // Supervision is the supervision section: the restart budget of a
-// partition actor.
+// partition actor. More than MaxRestarts restarts within Within stop it.
 type Supervision struct {
-	MaxRestarts int
-	Within      time.Duration
+	MaxRestarts int           // supervision.max_restarts
+	Within      time.Duration // supervision.within
 }
 
 // HTTP is the http section.
 type HTTP struct {
+	// Addr (http.addr) is host:port for metrics, health and the page; port
+	// 0 picks any free port; empty turns the server off.
 	Addr string
 }
 
 // Shutdown is the shutdown section.
 type Shutdown struct {
-	Timeout time.Duration
+	Timeout time.Duration // shutdown.timeout, drain limit on stop
 }
 
 // Log is the log section.
 type Log struct {
-	Level  string
-	Format string
+	Level  string // log.level: debug, info, warn or error
+	Format string // log.format: json or text
 }
 
-// Default returns the configuration with every default of DESIGN.md.
+// Default returns the configuration with every default of DESIGN.md. Each
+// call returns fresh maps and slices.
 func Default() Config {
 	return Config{
 		Kafka: Kafka{
 			Brokers:         []string{"localhost:9092"},
 			GroupID:         "ratchet",
 			Topics:          []string{"events"},
-			Format:          "protobuf",
+			Format:          FormatProtobuf,
 			TopicFormats:    map[string]string{},
 			Properties:      Properties{},
 			AutoOffsetReset: "earliest",
 		},
-		Postgres:    Postgres{URL: "postgres://localhost:5432/ratchet"},
-		Processing:  Processing{BatchSize: 500, BatchLinger: 20 * time.Millisecond, MaxBufferedPerPartition: 10000},
+		Postgres: Postgres{URL: "postgres://localhost:5432/ratchet"},
+		Processing: Processing{
+			BatchSize:               500,
+			BatchLinger:             20 * time.Millisecond,
+			MaxBufferedPerPartition: 10000,
+		},
 		Commit:      Commit{Mode: ModeExactlyOnce, Interval: time.Second},
 		Retry:       Retry{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 30 * time.Second, MaxAttempts: 5},
 		Supervision: Supervision{MaxRestarts: 10, Within: time.Minute},
@@ -132,7 +157,7 @@ func Default() Config {
 }
 
 // FormatFor returns the value format of topic: its kafka.topic_formats
-// entry, else kafka.format.
+// entry, otherwise kafka.format.
 func (c Config) FormatFor(topic string) string {
 	if f, ok := c.Kafka.TopicFormats[topic]; ok {
 		return f
@@ -140,160 +165,280 @@ func (c Config) FormatFor(topic string) string {
 	return c.Kafka.Format
 }
 
-// Load builds the configuration: defaults, then the YAML file at path (when
+// Load builds the configuration: Default, then the YAML file at path (when
 // path is not empty), then the RATCHET_* variables of environ (KEY=VALUE
-// strings, as os.Environ returns them), then Validate. A returned error is a
-// *Error listing every problem.
+// strings as os.Environ returns them; Load reads no environment of its
+// own), then Validate.
+//
+// The file is strict: a key that does not exist is a problem. So is a
+// RATCHET_<SECTION>_* variable whose section is one of ours but whose key
+// is not; other RATCHET_* variables (RATCHET_TEST_POSTGRES_URL) are left
+// alone. Values that do not parse and values that do not validate are
+// collected together and returned as one *Error; a problem with a value
+// from the environment names the variable too. When the error is not nil
+// the returned Config must not be used.
 func Load(path string, environ []string) (Config, error) {
-	cfg := Default()
-	var problems []Problem
+	c := Default()
+	var ps []Problem
 	if path != "" {
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			return cfg, &Error{Problems: []Problem{{Key: "--config", Value: path, Allowed: "a readable YAML file: " + err.Error()}}}
-		}
-		problems = append(problems, cfg.applyYAML(raw)...)
+		ps = append(ps, c.loadFile(path)...)
 	}
-	envProblems, fromEnv := cfg.applyEnv(environ)
-	problems = append(problems, envProblems...)
-	if len(problems) == 0 {
-		if err := cfg.Validate(); err != nil {
-			var ve *Error
-			if errors.As(err, &ve) {
-				for i, p := range ve.Problems {
-					if env, ok := fromEnv[p.Key]; ok {
-						ve.Problems[i].Env = env
-					}
-				}
-			}
-			return cfg, err
-		}
-		return cfg, nil
-	}
-	// Report parse problems together with validation problems of the keys
-	// that did parse.
-	if err := cfg.Validate(); err != nil {
-		var ve *Error
-		if errors.As(err, &ve) {
-			seen := map[string]bool{}
-			for _, p := range problems {
-				seen[p.Key] = true
-			}
-			for _, p := range ve.Problems {
-				if !seen[p.Key] {
-					problems = append(problems, p)
-				}
-			}
-		}
-	}
-	return cfg, &Error{Problems: problems}
-}
+	envProblems, fromEnv := c.applyEnv(environ)
+	ps = append(ps, envProblems...)
 
-func (c *Config) applyYAML(raw []byte) []Problem {
-	var doc map[string]map[string]yaml.Node
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return []Problem{{Key: "--config", Value: "(file)", Allowed: "YAML with sections of keys: " + oneLine(err.Error())}}
+	// A key that did not parse keeps an older value; validating that value
+	// would only add noise.
+	failed := map[string]bool{}
+	for _, p := range ps {
+		failed[p.Key] = true
 	}
-	fields := c.fields()
-	var problems []Problem
-	sections := make([]string, 0, len(doc))
-	for s := range doc {
-		sections = append(sections, s)
-	}
-	sort.Strings(sections)
-	for _, s := range sections {
-		keys := make([]string, 0, len(doc[s]))
-		for k := range doc[s] {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			name := s + "." + k
-			f, ok := fields[name]
-			if !ok {
-				problems = append(problems, Problem{Key: name, Unknown: true})
+	var invalid *Error
+	if errors.As(c.Validate(), &invalid) {
+		for _, p := range invalid.Problems {
+			if failed[p.Key] {
 				continue
 			}
-			node := doc[s][k]
-			if err := f.setYAML(&node); err != nil {
-				problems = append(problems, Problem{Key: name, Value: f.quote(nodeText(&node)), Allowed: err.Error()})
+			p.Env = envOf(p.Key, fromEnv)
+			ps = append(ps, p)
+		}
+	}
+	if len(ps) > 0 {
+		return c, &Error{Problems: ps}
+	}
+	return c, nil
+}
+
+// loadFile overlays the YAML file at path.
+func (c *Config) loadFile(path string) []Problem {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return []Problem{{Key: path, Reason: "cannot read the configuration file: " + oneLine(unwrapPathError(err))}}
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		// yaml syntax errors name a line and a token class, never a value.
+		return []Problem{{Key: path, Reason: "not valid YAML: " + oneLine(err.Error())}}
+	}
+	if len(doc.Content) == 0 {
+		return nil // empty file
+	}
+	top := resolve(doc.Content[0])
+	if top.Kind != yaml.MappingNode {
+		return []Problem{{Key: path, Reason: "not a YAML mapping of sections (kafka:, postgres:, ...)"}}
+	}
+	var ps []Problem
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		section, body := top.Content[i].Value, resolve(top.Content[i+1])
+		if !slices.Contains(sections(), section) {
+			reason := "unknown key"
+			if _, ok := lookup(section); ok {
+				s, k, _ := strings.Cut(section, ".")
+				reason += fmt.Sprintf(" (write it nested: %s: {%s: ...})", s, k)
+			} else if near := nearest(section, sections()); near != "" {
+				reason += " (did you mean " + near + "?)"
+			}
+			ps = append(ps, Problem{Key: section, Reason: reason})
+			continue
+		}
+		if isNull(body) {
+			continue // "kafka:" with nothing under it
+		}
+		if body.Kind != yaml.MappingNode {
+			ps = append(ps, Problem{Key: section, Value: nodeText(body), Allowed: "a mapping of " + section + ".* keys"})
+			continue
+		}
+		for j := 0; j+1 < len(body.Content); j += 2 {
+			name := section + "." + body.Content[j].Value
+			k, ok := lookup(name)
+			if !ok {
+				reason := "unknown key"
+				if near := nearest(name, keyNames()); near != "" {
+					reason += " (did you mean " + near + "?)"
+				}
+				ps = append(ps, Problem{Key: name, Reason: reason})
+				continue
+			}
+			node := resolve(body.Content[j+1])
+			if err := setNode(k.field(c), node); err != nil {
+				ps = append(ps, Problem{Key: name, Value: quoteNode(k.field(c), node), Allowed: err.Error()})
 			}
 		}
 	}
-	return problems
+	return ps
 }
 
-// applyEnv overlays the RATCHET_* variables and returns the problems and,
-// by key, the variables that set a value.
-func (c *Config) applyEnv(environ []string) ([]Problem, map[string]string) {
-	fromEnv := map[string]string{}
-	fields := c.fields()
-	byEnv := make(map[string]*field, len(fields))
-	sections := map[string]bool{}
-	for _, f := range fields {
-		byEnv[f.env] = f
-		sections[strings.ToUpper(strings.SplitN(f.key, ".", 2)[0])] = true
-	}
-	var problems []Problem
-	names := make([]string, 0)
-	values := map[string]string{}
-	for _, kv := range environ {
-		name, value, ok := strings.Cut(kv, "=")
-		if !ok || !strings.HasPrefix(name, "RATCHET_") {
-			continue
+// setText parses s into the field p points to.
+func setText(p any, s string) error {
+	s = strings.TrimSpace(s)
+	switch p := p.(type) {
+	case *string:
+		*p = s
+	case *SecretURL:
+		*p = SecretURL(s)
+	case *int:
+		v, err := strconv.Atoi(s)
+		if err != nil {
+			return fmt.Errorf("an integer")
 		}
-		names = append(names, name)
-		values[name] = value
+		*p = v
+	case *time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("a duration such as 250ms, 5s or 1m")
+		}
+		*p = d
+	case *[]string:
+		*p = splitList(s)
+	case *map[string]string:
+		m, err := parseMap(s)
+		if err != nil {
+			return err
+		}
+		*p = m
+	case *Properties:
+		m, err := parseMap(s)
+		if err != nil {
+			return err
+		}
+		*p = m
+	default:
+		panic(fmt.Sprintf("config: no parser for %T", p))
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		f, ok := byEnv[name]
-		if !ok {
-			rest := strings.TrimPrefix(name, "RATCHET_")
-			section, _, _ := strings.Cut(rest, "_")
-			if sections[section] {
-				problems = append(problems, Problem{Key: name, Unknown: true, FromEnv: true})
+	return nil
+}
+
+// setNode parses a YAML value into the field p points to: lists take a
+// sequence (or one comma-separated string), maps take a mapping, every
+// other field takes a scalar.
+func setNode(p any, n *yaml.Node) error {
+	switch p := p.(type) {
+	case *[]string:
+		switch {
+		case isNull(n):
+			*p = nil
+		case n.Kind == yaml.ScalarNode:
+			*p = splitList(n.Value)
+		case n.Kind == yaml.SequenceNode:
+			var out []string
+			for _, e := range n.Content {
+				e = resolve(e)
+				if e.Kind != yaml.ScalarNode {
+					return fmt.Errorf("a list of strings")
+				}
+				if v := strings.TrimSpace(e.Value); v != "" {
+					out = append(out, v)
+				}
 			}
-			continue
+			*p = out
+		default:
+			return fmt.Errorf("a list of strings")
 		}
-		fromEnv[f.key] = name
-		if err := f.setString(values[name]); err != nil {
-			problems = append(problems, Problem{Key: f.key, Env: name, Value: f.quote(values[name]), Allowed: err.Error()})
+		return nil
+	case *map[string]string, *Properties:
+		m := map[string]string{}
+		if !isNull(n) {
+			if n.Kind != yaml.MappingNode {
+				return fmt.Errorf("a mapping of names to values")
+			}
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+				if k.Kind != yaml.ScalarNode || v.Kind != yaml.ScalarNode {
+					return fmt.Errorf("a mapping of names to single values")
+				}
+				m[strings.TrimSpace(k.Value)] = strings.TrimSpace(v.Value)
+			}
 		}
+		if q, ok := p.(*Properties); ok {
+			*q = m
+		} else {
+			*p.(*map[string]string) = m
+		}
+		return nil
 	}
-	return problems, fromEnv
-}
-
-// LogValue implements slog.LogValuer: the configuration with secrets
-// redacted.
-func (c Config) LogValue() slog.Value {
-	attrs := []slog.Attr{}
-	for _, f := range c.orderedFields() {
-		attrs = append(attrs, slog.String(f.key, f.display()))
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("a single value")
 	}
-	return slog.GroupValue(attrs...)
-}
-
-// String renders the configuration with secrets redacted.
-func (c Config) String() string {
-	var b strings.Builder
-	for _, f := range c.orderedFields() {
-		fmt.Fprintf(&b, "%s=%s\n", f.key, f.display())
+	if isNull(n) {
+		return setText(p, "")
 	}
-	return b.String()
+	return setText(p, n.Value)
 }
 
-// GoString keeps %#v from printing secrets.
-func (c Config) GoString() string {
-	return "config.Config{" + strings.ReplaceAll(strings.TrimSpace(c.String()), "\n", ", ") + "}"
+// show renders the field p points to, redacted, the way it is written in
+// a file or variable.
+func show(p any) string {
+	switch p := p.(type) {
+	case *string:
+		return *p
+	case *SecretURL:
+		return p.String()
+	case *int:
+		return strconv.Itoa(*p)
+	case *time.Duration:
+		return fmtDuration(*p)
+	case *[]string:
+		return strings.Join(*p, ",")
+	case *map[string]string:
+		return showMap(*p, nil)
+	case *Properties:
+		return showMap(*p, SensitiveProperty)
+	default:
+		panic(fmt.Sprintf("config: no printer for %T", p))
+	}
 }
 
-// Format keeps every fmt verb (%v, %+v, %s, ...) on the redacted form.
-func (c Config) Format(s fmt.State, verb rune) { _, _ = fmt.Fprint(s, c.String()) }
+// showMap renders m as name=value pairs in name order, "{}" when empty,
+// with the values of secret names redacted.
+func showMap(m map[string]string, secret func(string) bool) string {
+	if len(m) == 0 {
+		return "{}"
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		v := m[k]
+		if secret != nil && secret(k) {
+			v = redacted
+		}
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, ",")
+}
 
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+// quoteNode renders a YAML value that did not parse into the field p
+// points to, for a problem line, without secrets.
+func quoteNode(p any, n *yaml.Node) string {
+	switch p.(type) {
+	case *SecretURL:
+		if n.Kind != yaml.ScalarNode {
+			return redacted
+		}
+		return SecretURL(n.Value).String()
+	case *Properties:
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i < len(n.Content); i += 2 {
+				if SensitiveProperty(n.Content[i].Value) {
+					return redacted
+				}
+			}
+		}
+		return quoteProperties(nodeText(n))
+	}
+	return nodeText(n)
+}
 
-// nodeText is a YAML value as text, for problem lines.
+// resolve follows YAML aliases (*name) to the node they stand for.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+// nodeText is a YAML value as one line of text, for problem lines.
 func nodeText(n *yaml.Node) string {
 	if n.Kind == yaml.ScalarNode {
 		return n.Value
@@ -303,4 +448,49 @@ func nodeText(n *yaml.Node) string {
 		return "(value)"
 	}
 	return oneLine(string(out))
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// unwrapPathError drops the path from an *os.PathError message; the
+// problem line names the file already.
+func unwrapPathError(err error) string {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// sections returns the section names, in reference order.
+func sections() []string {
+	var out []string
+	for _, k := range keys {
+		if s := k.section(); !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func keyNames() []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k.name
+	}
+	return out
+}
+
+// fmtDuration writes d the way people write it: 1m, not 1m0s; 0, not 0s.
+func fmtDuration(d time.Duration) string {
+	if d == 0 {
+		return "0"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

@@ -2,15 +2,16 @@ package config
 
 import (
 	"errors"
-	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 )
 
+// writeFile writes body to a YAML file in a temporary directory and
+// returns its path.
 func writeFile(tb testing.TB, body string) string {
 	tb.Helper()
 	p := filepath.Join(tb.TempDir(), "ratchet.yaml")
@@ -20,14 +21,213 @@ func writeFile(tb testing.TB, body string) string {
 	return p
 }
 
-func TestDefaultsAreValid(t *testing.T) {
-	cfg, err := Load("", nil)
+// mustLoad loads and fails the test on any problem.
+func mustLoad(tb testing.TB, path string, environ ...string) Config {
+	tb.Helper()
+	cfg, err := Load(path, environ)
 	if err != nil {
-		t.Fatalf("defaults: %v", err)
+		tb.Fatalf("load: %v", err)
 	}
-	if cfg.Kafka.DLQTopic("events") != "events.dlq" || cfg.Commit.Mode != ModeExactlyOnce ||
-		cfg.Processing.BatchSize != 500 || cfg.Commit.Interval != time.Second || cfg.HTTP.Addr != "127.0.0.1:8080" {
-		t.Errorf("unexpected defaults: %v", cfg)
+	return cfg
+}
+
+// problems loads and returns the problems, failing unless Load returned
+// a *Error.
+func problems(tb testing.TB, path string, environ ...string) *Error {
+	tb.Helper()
+	_, err := Load(path, environ)
+	var ce *Error
+	if !errors.As(err, &ce) {
+		tb.Fatalf("want a *config.Error, got %v", err)
+	}
+	return ce
+}
+
+func TestDefaults(t *testing.T) {
+	cfg := mustLoad(t, "")
+	if !reflect.DeepEqual(cfg, Default()) {
+		t.Errorf("Load with nothing differs from Default:\n%v\nwant\n%v", cfg, Default())
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"kafka.brokers", cfg.Kafka.Brokers, []string{"localhost:9092"}},
+		{"kafka.group_id", cfg.Kafka.GroupID, "ratchet"},
+		{"kafka.topics", cfg.Kafka.Topics, []string{"events"}},
+		{"kafka.format", cfg.Kafka.Format, "protobuf"},
+		{"kafka.topic_formats", cfg.Kafka.TopicFormats, map[string]string{}},
+		{"kafka.dlq_topic", cfg.Kafka.DLQTopic("events"), "events.dlq"},
+		{"kafka.instance_id", cfg.Kafka.InstanceID, ""},
+		{"kafka.properties", cfg.Kafka.Properties, Properties{}},
+		{"kafka.recycle_interval", cfg.Kafka.RecycleInterval, time.Duration(0)},
+		{"kafka.auto_offset_reset", cfg.Kafka.AutoOffsetReset, "earliest"},
+		{"postgres.url", cfg.Postgres.URL.Reveal(), "postgres://localhost:5432/ratchet"},
+		{"postgres.max_conns", cfg.Postgres.MaxConns, 0},
+		{"processing.batch_size", cfg.Processing.BatchSize, 500},
+		{"processing.batch_linger", cfg.Processing.BatchLinger, 20 * time.Millisecond},
+		{"processing.max_buffered_per_partition", cfg.Processing.MaxBufferedPerPartition, 10000},
+		{"commit.mode", cfg.Commit.Mode, ModeExactlyOnce},
+		{"commit.interval", cfg.Commit.Interval, time.Second},
+		{"retry.initial_backoff", cfg.Retry.InitialBackoff, 100 * time.Millisecond},
+		{"retry.max_backoff", cfg.Retry.MaxBackoff, 30 * time.Second},
+		{"retry.max_attempts", cfg.Retry.MaxAttempts, 5},
+		{"supervision.max_restarts", cfg.Supervision.MaxRestarts, 10},
+		{"supervision.within", cfg.Supervision.Within, time.Minute},
+		{"http.addr", cfg.HTTP.Addr, "127.0.0.1:8080"},
+		{"shutdown.timeout", cfg.Shutdown.Timeout, 30 * time.Second},
+		{"log.level", cfg.Log.Level, "info"},
+		{"log.format", cfg.Log.Format, "json"},
+	}
+	for _, c := range checks {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if len(checks) != len(keys) {
+		t.Errorf("checked %d defaults, there are %d keys", len(checks), len(keys))
+	}
+}
+
+func TestDefaultSharesNothing(t *testing.T) {
+	a := Default()
+	a.Kafka.Brokers[0] = "changed:1"
+	a.Kafka.Properties["x"] = "y"
+	b := Default()
+	if b.Kafka.Brokers[0] != "localhost:9092" || len(b.Kafka.Properties) != 0 {
+		t.Errorf("Default returned shared state: %v", b)
+	}
+}
+
+func TestFileEveryKey(t *testing.T) {
+	path := writeFile(t, `
+kafka:
+  brokers: [a:1, "b:2"]
+  group_id: g
+  topics:
+    - clicks
+    - views
+  format: json
+  topic_formats: {views: protobuf}
+  dlq_topic: dead
+  instance_id: pod-0
+  properties:
+    security.protocol: SASL_SSL
+    sasl.password: pw
+  recycle_interval: 1h
+  auto_offset_reset: latest
+postgres:
+  url: postgresql://app@db:5433/x?sslmode=require
+  max_conns: 8
+processing:
+  batch_size: 100
+  batch_linger: 5ms
+  max_buffered_per_partition: 200
+commit:
+  mode: at-least-once
+  interval: 250ms
+retry:
+  initial_backoff: 1s
+  max_backoff: 1m
+  max_attempts: 3
+supervision:
+  max_restarts: 2
+  within: 10s
+http:
+  addr: "127.0.0.1:0"
+shutdown:
+  timeout: 5s
+log:
+  level: debug
+  format: text
+`)
+	got := mustLoad(t, path)
+	want := Config{
+		Kafka: Kafka{
+			Brokers: []string{"a:1", "b:2"}, GroupID: "g", Topics: []string{"clicks", "views"}, Format: "json",
+			TopicFormats: map[string]string{"views": "protobuf"}, DLQTopicName: "dead", InstanceID: "pod-0",
+			Properties:      Properties{"security.protocol": "SASL_SSL", "sasl.password": "pw"},
+			RecycleInterval: time.Hour, AutoOffsetReset: "latest",
+		},
+		Postgres:    Postgres{URL: "postgresql://app@db:5433/x?sslmode=require", MaxConns: 8},
+		Processing:  Processing{BatchSize: 100, BatchLinger: 5 * time.Millisecond, MaxBufferedPerPartition: 200},
+		Commit:      Commit{Mode: ModeAtLeastOnce, Interval: 250 * time.Millisecond},
+		Retry:       Retry{InitialBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 3},
+		Supervision: Supervision{MaxRestarts: 2, Within: 10 * time.Second},
+		HTTP:        HTTP{Addr: "127.0.0.1:0"},
+		Shutdown:    Shutdown{Timeout: 5 * time.Second},
+		Log:         Log{Level: "debug", Format: "text"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("loaded\n%v\nwant\n%v", got.Redacted(), want.Redacted())
+	}
+	if got.Kafka.DLQTopic("clicks") != "dead" || got.FormatFor("views") != "protobuf" || got.FormatFor("clicks") != "json" {
+		t.Errorf("DLQTopic/FormatFor: %s %s %s", got.Kafka.DLQTopic("clicks"), got.FormatFor("views"), got.FormatFor("clicks"))
+	}
+}
+
+func TestFileEdgeCases(t *testing.T) {
+	cases := []struct {
+		name, body string
+		check      func(Config) bool
+	}{
+		{"empty file", "", func(c Config) bool { return reflect.DeepEqual(c, Default()) }},
+		{"comments only", "# nothing\n", func(c Config) bool { return reflect.DeepEqual(c, Default()) }},
+		{"empty section", "kafka:\nlog:\n  level: warn\n", func(c Config) bool { return c.Log.Level == "warn" && c.Kafka.GroupID == "ratchet" }},
+		{"list as one string", "kafka:\n  brokers: a:1, b:2\n", func(c Config) bool { return reflect.DeepEqual(c.Kafka.Brokers, []string{"a:1", "b:2"}) }},
+		{"empty http addr turns it off", "http:\n  addr: \"\"\n", func(c Config) bool { return c.HTTP.Addr == "" }},
+		{"null http addr turns it off", "http:\n  addr:\n", func(c Config) bool { return c.HTTP.Addr == "" }},
+		{"anchors and aliases", "kafka:\n  topics: &t [a, b]\n  group_id: &g grp\n  instance_id: *g\n", func(c Config) bool {
+			return c.Kafka.InstanceID == "grp" && reflect.DeepEqual(c.Kafka.Topics, []string{"a", "b"})
+		}},
+		{"zero duration", "kafka:\n  recycle_interval: 0\n", func(c Config) bool { return c.Kafka.RecycleInterval == 0 }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustLoad(t, writeFile(t, tc.body))
+			if !tc.check(cfg) {
+				t.Errorf("unexpected configuration:\n%v", cfg)
+			}
+		})
+	}
+}
+
+func TestFileStrict(t *testing.T) {
+	cases := []struct {
+		name, body string
+		want       []string
+	}{
+		{"unknown key", "kafka:\n  brokerz: [x:1]\n", []string{"kafka.brokerz: unknown key (did you mean kafka.brokers?)"}},
+		{"unknown key far from any", "commit:\n  frobnicate: 1\n", []string{"commit.frobnicate: unknown key"}},
+		{"unknown section", "kafak:\n  brokers: [x:1]\n", []string{"kafak: unknown key (did you mean kafka?)"}},
+		{"flat key", "kafka.brokers: [x:1]\n", []string{"kafka.brokers: unknown key (write it nested: kafka: {brokers: ...})"}},
+		{"section not a mapping", "kafka: [a]\n", []string{`kafka: "[a]" is not allowed (allowed: a mapping of kafka.* keys)`}},
+		{"list of lists", "kafka:\n  topics: [[a]]\n", []string{"kafka.topics", "a list of strings"}},
+		{"map not a mapping", "kafka:\n  properties: [a]\n", []string{"kafka.properties", "a mapping of names to values"}},
+		{"scalar wanted", "log:\n  level: [debug]\n", []string{"log.level", "a single value"}},
+		{"not yaml", "kafka: [\n", []string{"not valid YAML"}},
+		{"not a mapping", "- a\n", []string{"not a YAML mapping of sections"}},
+		{"several at once", "kafka:\n  brokerz: x\n  format: xml\nlog:\n  levle: debug\n", []string{
+			"kafka.brokerz: unknown key", `kafka.format: "xml" is not allowed`, "log.levle: unknown key (did you mean log.level?)",
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ce := problems(t, writeFile(t, tc.body))
+			for _, w := range tc.want {
+				if !strings.Contains(ce.Error(), w) {
+					t.Errorf("error does not contain %q:\n%v", w, ce)
+				}
+			}
+		})
+	}
+}
+
+func TestMissingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.yaml")
+	ce := problems(t, path)
+	if want := path + ": cannot read the configuration file: no such file or directory"; ce.Error() != want {
+		t.Errorf("got %q, want %q", ce, want)
 	}
 }
 
@@ -41,152 +241,33 @@ processing:
   batch_size: 100
 commit:
   mode: at-least-once
+http:
+  addr: 127.0.0.1:9000
 `)
-	cfg, err := Load(path, []string{"RATCHET_PROCESSING_BATCH_SIZE=250", "RATCHET_KAFKA_TOPIC_FORMATS=views=json",
-		"RATCHET_TEST_POSTGRES_URL=ignored", "HOME=/root"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := mustLoad(t, path,
+		"RATCHET_PROCESSING_BATCH_SIZE=250",
+		"RATCHET_KAFKA_TOPIC_FORMATS=views=json",
+		"RATCHET_KAFKA_PROPERTIES=security.protocol=SASL_SSL,sasl.mechanism=PLAIN",
+		"RATCHET_HTTP_ADDR=", // set but empty: turns the server off
+		"HOME=/root",
+	)
 	if got := strings.Join(cfg.Kafka.Brokers, ","); got != "a:1,b:2" {
-		t.Errorf("brokers %q", got)
+		t.Errorf("kafka.brokers %q, want the file's a:1,b:2", got)
 	}
 	if cfg.Processing.BatchSize != 250 {
-		t.Errorf("batch_size %d, want the environment's 250", cfg.Processing.BatchSize)
+		t.Errorf("processing.batch_size %d, want the environment's 250", cfg.Processing.BatchSize)
 	}
-	if cfg.Commit.Mode != ModeAtLeastOnce || cfg.Kafka.Properties["security.protocol"] != "SSL" {
-		t.Errorf("file values lost: %v", cfg)
+	if cfg.Commit.Mode != ModeAtLeastOnce {
+		t.Errorf("commit.mode %q, want the file's at-least-once", cfg.Commit.Mode)
+	}
+	// A map from the environment replaces the file's map; it does not merge.
+	if want := (Properties{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}); !reflect.DeepEqual(cfg.Kafka.Properties, want) {
+		t.Errorf("kafka.properties %v, want %v", cfg.Kafka.Properties, want)
+	}
+	if cfg.HTTP.Addr != "" {
+		t.Errorf("http.addr %q, want empty", cfg.HTTP.Addr)
 	}
 	if cfg.FormatFor("views") != "json" || cfg.FormatFor("clicks") != "protobuf" {
-		t.Errorf("formats: views %s clicks %s", cfg.FormatFor("views"), cfg.FormatFor("clicks"))
-	}
-}
-
-func TestBadValuesNameTheKey(t *testing.T) {
-	cases := []struct {
-		name, file string
-		env        []string
-		want       []string
-	}{
-		{"format", "", []string{"RATCHET_KAFKA_FORMAT=xml"}, []string{`kafka.format (RATCHET_KAFKA_FORMAT): "xml" is not allowed (allowed: protobuf, json)`}},
-		{"batch size", "", []string{"RATCHET_PROCESSING_BATCH_SIZE=-1"}, []string{"processing.batch_size", `"-1"`}},
-		{"not an int", "", []string{"RATCHET_RETRY_MAX_ATTEMPTS=many"}, []string{"retry.max_attempts (RATCHET_RETRY_MAX_ATTEMPTS)", "an integer"}},
-		{"duration", "", []string{"RATCHET_COMMIT_INTERVAL=soon"}, []string{"commit.interval", `"soon"`, "a duration"}},
-		{"mode", "commit:\n  mode: twice\n", nil, []string{`commit.mode: "twice"`, "exactly-once, at-least-once"}},
-		{"url", "", []string{"RATCHET_POSTGRES_URL=mysql://u:hunter2@db/x"}, []string{"postgres.url", "REDACTED"}},
-		{"http addr", "", []string{"RATCHET_HTTP_ADDR=nonsense"}, []string{"http.addr", `"nonsense"`}},
-		{"backoff order", "retry:\n  initial_backoff: 10s\n  max_backoff: 1s\n", nil, []string{"retry.max_backoff", ">= retry.initial_backoff"}},
-		{"unknown yaml key", "kafka:\n  brokerz: [x:1]\n", nil, []string{"kafka.brokerz: unknown key"}},
-		{"unknown env", "", []string{"RATCHET_KAFKA_BROKER=x:1"}, []string{"RATCHET_KAFKA_BROKER: unknown variable"}},
-		{"managed property", "kafka:\n  properties: {enable.auto.commit: 'true'}\n", nil, []string{"kafka.properties.enable.auto.commit"}},
-		{"shutdown", "", []string{"RATCHET_SHUTDOWN_TIMEOUT=0s"}, []string{"shutdown.timeout"}},
-		{"brokers", "", []string{"RATCHET_KAFKA_BROKERS=nohost"}, []string{`kafka.brokers (RATCHET_KAFKA_BROKERS): "nohost"`, "host:port"}},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			path := ""
-			if tc.file != "" {
-				path = writeFile(t, tc.file)
-			}
-			_, err := Load(path, tc.env)
-			var ce *Error
-			if !errors.As(err, &ce) {
-				t.Fatalf("want *Error, got %v", err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
-			if strings.Contains(err.Error(), "hunter2") {
-				t.Errorf("password in error: %q", err)
-			}
-		})
-	}
-}
-
-func TestEveryProblemAtOnce(t *testing.T) {
-	_, err := Load("", []string{"RATCHET_KAFKA_FORMAT=xml", "RATCHET_PROCESSING_BATCH_SIZE=0", "RATCHET_LOG_LEVEL=loud"})
-	var ce *Error
-	if !errors.As(err, &ce) || len(ce.Problems) != 3 {
-		t.Fatalf("want 3 problems, got %v", err)
-	}
-	if n := len(strings.Split(err.Error(), "\n")); n != 3 {
-		t.Errorf("want one line per problem, got %d lines: %q", n, err)
-	}
-}
-
-func TestSecretsNeverPrinted(t *testing.T) {
-	const pw = "s3cr3t-planted"
-	cfg, err := Load("", []string{
-		"RATCHET_POSTGRES_URL=postgres://app:" + pw + "@db:5432/ratchet?sslmode=require",
-		"RATCHET_KAFKA_PROPERTIES=sasl.mechanism=SCRAM-SHA-512,sasl.username=u,sasl.password=" + pw,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs strings.Builder
-	slog.New(slog.NewJSONHandler(&logs, nil)).Info("config", "config", cfg, "url", cfg.Postgres.URL)
-	outputs := map[string]string{
-		"%v": fmt.Sprintf("%v", cfg), "%+v": fmt.Sprintf("%+v", cfg), "%#v": fmt.Sprintf("%#v", cfg),
-		"%s url": fmt.Sprintf("%s", cfg.Postgres.URL), "props": fmt.Sprint(cfg.Kafka.Properties),
-		"slog": logs.String(),
-	}
-	for name, out := range outputs {
-		if strings.Contains(out, pw) {
-			t.Errorf("%s reveals the password: %s", name, out)
-		}
-		if !strings.Contains(out, "REDACTED") {
-			t.Errorf("%s shows no REDACTED marker: %s", name, out)
-		}
-	}
-	if !strings.Contains(cfg.Postgres.URL.Reveal(), pw) {
-		t.Error("Reveal must return the real URL")
-	}
-}
-
-func TestReferenceDefaultsMatchDefault(t *testing.T) {
-	d := Default()
-	shown := map[string]string{}
-	for _, f := range d.orderedFields() {
-		shown[f.key] = f.display()
-	}
-	for _, k := range Reference() {
-		want := shown[k.Key]
-		if want == "" {
-			want = "(empty)"
-		}
-		if k.Default != want || k.Env != envName(k.Key) || k.Meaning == "" {
-			t.Errorf("%s: documented %+v, Default() has %q", k.Key, k, want)
-		}
-	}
-	// Every documented default must load back to the same value.
-	var env []string
-	for _, k := range Reference() {
-		if k.Default != "(empty)" && k.Default != "{}" {
-			env = append(env, k.Env+"="+k.Default)
-		}
-	}
-	cfg, err := Load("", env)
-	if err != nil {
-		t.Fatalf("documented defaults do not load: %v", err)
-	}
-	if cfg.String() != d.String() {
-		t.Errorf("documented defaults load as\n%s\nwant\n%s", cfg, d)
-	}
-}
-
-func TestReadmeConfigReference(t *testing.T) {
-	raw, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatalf("README.md: %v", err)
-	}
-	const begin, end = "<!-- config-reference:begin -->\n", "<!-- config-reference:end -->"
-	s := string(raw)
-	i, j := strings.Index(s, begin), strings.Index(s, end)
-	if i < 0 || j < i {
-		t.Fatalf("README.md has no %q ... %q section", strings.TrimSpace(begin), end)
-	}
-	if got, want := s[i+len(begin):j], ReferenceMarkdown(); got != want {
-		t.Errorf("README configuration reference is out of date; replace it with:\n%s", want)
+		t.Errorf("formats: views %s, clicks %s", cfg.FormatFor("views"), cfg.FormatFor("clicks"))
 	}
 }

@@ -5,28 +5,94 @@ import (
 	"strings"
 )
 
-// KeyDoc documents one configuration key.
+// KeyDoc documents one configuration key: its YAML name, its environment
+// variable, its default as Default has it, and what it means.
 type KeyDoc struct {
 	Key, Env, Default, Meaning string
 }
 
-// Reference documents every key, in a stable order, with its default as
-// Default() has it.
+// key binds one configuration key to its field. This one table drives the
+// YAML and environment overlays, the redacted rendering and the reference
+// documentation, so they cannot drift apart. field returns a pointer to the
+// field inside c; its type selects how text is parsed and printed (see
+// setText and show).
+type key struct {
+	name    string
+	meaning string
+	field   func(c *Config) any
+}
+
+// keys lists every key in the order of the reference table.
+var keys = []key{
+	{"kafka.brokers", "bootstrap servers, host:port", func(c *Config) any { return &c.Kafka.Brokers }},
+	{"kafka.group_id", "consumer group", func(c *Config) any { return &c.Kafka.GroupID }},
+	{"kafka.topics", "input topics", func(c *Config) any { return &c.Kafka.Topics }},
+	{"kafka.format", "value format of the input: protobuf or json", func(c *Config) any { return &c.Kafka.Format }},
+	{"kafka.topic_formats", "per-topic format override, topic=format", func(c *Config) any { return &c.Kafka.TopicFormats }},
+	{"kafka.dlq_topic", "dead-letter topic; empty means `<topic>.dlq`", func(c *Config) any { return &c.Kafka.DLQTopicName }},
+	{"kafka.instance_id", "static membership (group.instance.id), e.g. the pod name", func(c *Config) any { return &c.Kafka.InstanceID }},
+	{"kafka.properties", "extra librdkafka properties (TLS, SASL, ...)", func(c *Config) any { return &c.Kafka.Properties }},
+	{"kafka.recycle_interval", "rebuild the consumer this often, after a drain and flush; 0 is off", func(c *Config) any { return &c.Kafka.RecycleInterval }},
+	{"kafka.auto_offset_reset", "start of a partition with no stored or committed offset: earliest or latest", func(c *Config) any { return &c.Kafka.AutoOffsetReset }},
+	{"postgres.url", "a postgres:// or postgresql:// URL; its password is never printed", func(c *Config) any { return &c.Postgres.URL }},
+	{"postgres.max_conns", "pool size; 0 means assigned partitions + 4", func(c *Config) any { return &c.Postgres.MaxConns }},
+	{"processing.batch_size", "max records per transaction", func(c *Config) any { return &c.Processing.BatchSize }},
+	{"processing.batch_linger", "max wait to fill a batch", func(c *Config) any { return &c.Processing.BatchLinger }},
+	{"processing.max_buffered_per_partition", "pause the partition above this many buffered records", func(c *Config) any { return &c.Processing.MaxBufferedPerPartition }},
+	{"commit.mode", "exactly-once or at-least-once", func(c *Config) any { return &c.Commit.Mode }},
+	{"commit.interval", "Kafka commit cadence (coalesced)", func(c *Config) any { return &c.Commit.Interval }},
+	{"retry.initial_backoff", "first retry wait", func(c *Config) any { return &c.Retry.InitialBackoff }},
+	{"retry.max_backoff", "longest retry wait", func(c *Config) any { return &c.Retry.MaxBackoff }},
+	{"retry.max_attempts", "attempts for a record before the DLQ", func(c *Config) any { return &c.Retry.MaxAttempts }},
+	{"supervision.max_restarts", "restarts of a partition actor allowed within supervision.within", func(c *Config) any { return &c.Supervision.MaxRestarts }},
+	{"supervision.within", "window of the restart budget", func(c *Config) any { return &c.Supervision.Within }},
+	{"http.addr", "metrics, health and the page; port 0: any free port; empty: off", func(c *Config) any { return &c.HTTP.Addr }},
+	{"shutdown.timeout", "drain limit on stop", func(c *Config) any { return &c.Shutdown.Timeout }},
+	{"log.level", "debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
+	{"log.format", "json or text", func(c *Config) any { return &c.Log.Format }},
+}
+
+// env returns the environment variable of k: RATCHET_ and the key in upper
+// case with dots as underscores.
+func (k key) env() string {
+	return "RATCHET_" + strings.ToUpper(strings.ReplaceAll(k.name, ".", "_"))
+}
+
+// section returns the part of the key before the dot.
+func (k key) section() string {
+	s, _, _ := strings.Cut(k.name, ".")
+	return s
+}
+
+// lookup returns the key called name.
+func lookup(name string) (key, bool) {
+	for _, k := range keys {
+		if k.name == name {
+			return k, true
+		}
+	}
+	return key{}, false
+}
+
+// Reference documents every key, in a stable order (the order of the
+// README table), with its default rendered from Default so the
+// documentation cannot drift from the code.
 func Reference() []KeyDoc {
 	d := Default()
-	fs := d.orderedFields()
-	out := make([]KeyDoc, len(fs))
-	for i, f := range fs {
-		def := f.display()
+	out := make([]KeyDoc, len(keys))
+	for i, k := range keys {
+		def := show(k.field(&d))
 		if def == "" {
 			def = "(empty)"
 		}
-		out[i] = KeyDoc{Key: f.key, Env: f.env, Default: def, Meaning: f.meaning}
+		out[i] = KeyDoc{Key: k.name, Env: k.env(), Default: def, Meaning: k.meaning}
 	}
 	return out
 }
 
-// ReferenceMarkdown renders Reference as the Markdown table in the README.
+// ReferenceMarkdown renders Reference as the Markdown table the README
+// embeds between <!-- config-reference:begin --> and
+// <!-- config-reference:end -->.
 func ReferenceMarkdown() string {
 	var b strings.Builder
 	b.WriteString("| key | environment | default | meaning |\n|---|---|---|---|\n")

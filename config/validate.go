@@ -1,198 +1,321 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// Problem is one bad configuration value.
+// Problem is one thing wrong with a configuration. Its Error is one line:
+//
+//	kafka.format: "xml" is not allowed (allowed: protobuf, json)
+//	processing.batch_size (RATCHET_PROCESSING_BATCH_SIZE): "-1" is not allowed (allowed: 1..100000)
+//	kafka.brokerz: unknown key (did you mean kafka.brokers?)
+//	RATCHET_KAFKA_BROKER: unknown variable (did you mean RATCHET_KAFKA_BROKERS?)
 type Problem struct {
-	Key     string // section.key, or the environment variable of an unknown one
-	Env     string // the environment variable the value came from, if any
-	Value   string // the value as given, REDACTED when secret
-	Allowed string // what is allowed
-	Unknown bool   // the key itself does not exist
-	FromEnv bool
+	// Key is the key (kafka.format, kafka.properties.group.id), or the file
+	// for a problem with the file as a whole. Empty for an unknown variable.
+	Key string
+	// Env is the environment variable the value came from, if any.
+	Env string
+	// Value is the value as given, REDACTED (or with its password
+	// redacted) when it is a secret.
+	Value string
+	// Allowed says what is allowed instead of Value.
+	Allowed string
+	// Reason replaces Value and Allowed when the key itself is the
+	// problem: "unknown key", "unknown variable", an unreadable file.
+	Reason string
 }
 
-func (p Problem) String() string {
-	if p.Unknown {
-		if p.FromEnv {
-			return fmt.Sprintf("%s: unknown variable (no such key; see the configuration reference)", p.Key)
-		}
-		return fmt.Sprintf("%s: unknown key", p.Key)
-	}
+// Error returns the problem as one line: the key (and variable), then the
+// quoted value, then what is allowed.
+func (p Problem) Error() string {
 	name := p.Key
-	if p.Env != "" {
-		name = fmt.Sprintf("%s (%s)", p.Key, p.Env)
+	switch {
+	case p.Key == "":
+		name = p.Env
+	case p.Env != "":
+		name = p.Key + " (" + p.Env + ")"
+	}
+	if p.Reason != "" {
+		return name + ": " + p.Reason
 	}
 	return fmt.Sprintf("%s: %q is not allowed (allowed: %s)", name, p.Value, p.Allowed)
 }
 
-// Error is a configuration that cannot be used. Its text has one line per
-// problem. The command line exits with code 2 on it.
+// Error is a configuration that cannot be used, with every problem found.
+// Load and Validate return it (always as *Error); the command line prints
+// one line per problem and exits with code 2. It behaves like the
+// errors.Join of its problems: Error joins their lines with "\n" and
+// Unwrap returns them, so errors.As finds a Problem too.
 type Error struct {
 	Problems []Problem
 }
 
+// Error returns one line per problem.
 func (e *Error) Error() string {
-	lines := make([]string, len(e.Problems))
-	for i, p := range e.Problems {
-		lines[i] = p.String()
-	}
-	return strings.Join(lines, "\n")
+	return errors.Join(e.Unwrap()...).Error()
 }
 
-// Validate checks every value and reports all problems at once as a *Error.
+// Unwrap returns the problems as errors.
+func (e *Error) Unwrap() []error {
+	errs := make([]error, len(e.Problems))
+	for i, p := range e.Problems {
+		errs[i] = p
+	}
+	return errs
+}
+
+// IsConfigError reports whether err is, or wraps, a configuration *Error:
+// a problem the operator must fix, as opposed to a failure at run time.
+func IsConfigError(err error) bool {
+	var e *Error
+	return errors.As(err, &e)
+}
+
+// managedProperties are librdkafka properties ratchet sets itself because
+// its guarantees depend on them (or because a key of its own sets them);
+// kafka.properties may not override them. The value says what to do
+// instead.
+var managedProperties = map[string]string{
+	"bootstrap.servers":               "use kafka.brokers",
+	"group.id":                        "use kafka.group_id",
+	"group.instance.id":               "use kafka.instance_id",
+	"auto.offset.reset":               "use kafka.auto_offset_reset",
+	"enable.auto.commit":              "ratchet manages it: it commits only what was applied",
+	"enable.auto.offset.store":        "ratchet manages it: it commits only what was applied",
+	"partition.assignment.strategy":   "ratchet manages it: cooperative-sticky keeps partitions from rewinding on a rebalance",
+	"group.protocol":                  "ratchet manages it: the classic protocol with cooperative-sticky",
+	"enable.partition.eof":            "ratchet manages it",
+	"go.logs.channel.enable":          "ratchet manages it: librdkafka logs go to the ratchet log",
+	"go.events.channel.enable":        "ratchet manages it: the consumer is polled",
+	"go.application.rebalance.enable": "ratchet manages it: rebalances go through its callback",
+	"enable.idempotence":              "ratchet manages it: dead letters need an idempotent producer",
+	"acks":                            "ratchet manages it: dead letters need acks=all",
+	"transactional.id":                "ratchet manages it: the dead-letter producer is not transactional",
+}
+
+// Validate checks every value and returns a *Error with all problems at
+// once, or nil.
 func (c Config) Validate() error {
-	var ps []Problem
-	bad := func(key, value, allowed string) {
-		ps = append(ps, Problem{Key: key, Value: value, Allowed: allowed})
-	}
-	oneOf := func(key, value string, allowed ...string) {
-		for _, a := range allowed {
-			if value == a {
-				return
-			}
-		}
-		bad(key, value, strings.Join(allowed, ", "))
-	}
-	durRange := func(key string, d, lo, hi time.Duration) {
-		if d < lo || d > hi {
-			bad(key, fmtDuration(d), fmt.Sprintf("%s..%s", fmtDuration(lo), fmtDuration(hi)))
-		}
-	}
-	intMin := func(key string, v, lo int) {
-		if v < lo {
-			bad(key, strconv.Itoa(v), fmt.Sprintf(">= %d", lo))
-		}
-	}
-
-	k := c.Kafka
-	if len(k.Brokers) == 0 {
-		bad("kafka.brokers", "", "one or more host:port")
-	}
-	for _, b := range k.Brokers {
-		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
-			bad("kafka.brokers", b, "host:port")
-		}
-	}
-	if strings.TrimSpace(k.GroupID) == "" {
-		bad("kafka.group_id", k.GroupID, "a non-empty group name")
-	}
-	if len(k.Topics) == 0 {
-		bad("kafka.topics", "", "one or more topic names")
-	}
-	topics := map[string]bool{}
-	for _, t := range k.Topics {
-		if !validTopic(t) {
-			bad("kafka.topics", t, "topic names of 1..249 characters from [a-zA-Z0-9._-]")
-		}
-		topics[t] = true
-	}
-	oneOf("kafka.format", k.Format, "protobuf", "json")
-	for _, t := range sortedKeys(k.TopicFormats) {
-		if !topics[t] {
-			bad("kafka.topic_formats", t, "topics listed in kafka.topics")
-		}
-		oneOf("kafka.topic_formats."+t, k.TopicFormats[t], "protobuf", "json")
-	}
-	if k.DLQTopicName != "" {
-		if !validTopic(k.DLQTopicName) {
-			bad("kafka.dlq_topic", k.DLQTopicName, "a topic name of 1..249 characters from [a-zA-Z0-9._-]")
-		} else if topics[k.DLQTopicName] {
-			bad("kafka.dlq_topic", k.DLQTopicName, "a topic that is not an input topic")
-		}
-	}
-	managed := map[string]string{
-		"bootstrap.servers":             "set kafka.brokers",
-		"group.id":                      "set kafka.group_id",
-		"group.instance.id":             "set kafka.instance_id",
-		"auto.offset.reset":             "set kafka.auto_offset_reset",
-		"enable.auto.commit":            "ratchet commits only what was applied",
-		"enable.auto.offset.store":      "ratchet commits only what was applied",
-		"partition.assignment.strategy": "ratchet needs cooperative-sticky",
-		"group.protocol":                "ratchet uses the classic protocol with cooperative-sticky",
-		"go.logs.channel.enable":        "ratchet routes librdkafka logs itself",
-		"enable.partition.eof":          "ratchet manages it",
-	}
-	for _, name := range sortedKeys(k.Properties) {
-		if why, ok := managed[name]; ok {
-			v := k.Properties[name]
-			if SensitiveProperty(name) {
-				v = "REDACTED"
-			}
-			bad("kafka.properties."+name, v, "not settable here: "+why)
-		}
-	}
-	durRange("kafka.recycle_interval", k.RecycleInterval, 0, 30*24*time.Hour)
-	if k.RecycleInterval > 0 && k.RecycleInterval < time.Second {
-		bad("kafka.recycle_interval", fmtDuration(k.RecycleInterval), "0 (off) or at least 1s")
-	}
-	oneOf("kafka.auto_offset_reset", k.AutoOffsetReset, "earliest", "latest")
-
-	raw := c.Postgres.URL.Reveal()
-	if u, err := url.Parse(raw); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" && u.Query().Get("host") == "" {
-		bad("postgres.url", c.Postgres.URL.String(), "a postgres:// or postgresql:// URL with a host")
-	}
-	intMin("postgres.max_conns", c.Postgres.MaxConns, 0)
+	v := &validator{}
+	c.validateKafka(v)
+	c.validatePostgres(v)
 
 	p := c.Processing
-	if p.BatchSize < 1 || p.BatchSize > 100000 {
-		bad("processing.batch_size", strconv.Itoa(p.BatchSize), "1..100000")
-	}
-	durRange("processing.batch_linger", p.BatchLinger, 0, 10*time.Second)
+	v.intRange("processing.batch_size", p.BatchSize, 1, 100000)
+	v.durRange("processing.batch_linger", p.BatchLinger, 0, 10*time.Second)
 	if p.MaxBufferedPerPartition < max(p.BatchSize, 1) {
-		bad("processing.max_buffered_per_partition", strconv.Itoa(p.MaxBufferedPerPartition),
+		v.bad("processing.max_buffered_per_partition", strconv.Itoa(p.MaxBufferedPerPartition),
 			fmt.Sprintf(">= processing.batch_size (%d)", p.BatchSize))
 	}
-	oneOf("commit.mode", c.Commit.Mode, ModeExactlyOnce, ModeAtLeastOnce)
-	durRange("commit.interval", c.Commit.Interval, 10*time.Millisecond, time.Hour)
+
+	v.oneOf("commit.mode", c.Commit.Mode, ModeExactlyOnce, ModeAtLeastOnce)
+	v.durRange("commit.interval", c.Commit.Interval, 10*time.Millisecond, time.Hour)
 
 	r := c.Retry
-	durRange("retry.initial_backoff", r.InitialBackoff, time.Millisecond, time.Hour)
-	durRange("retry.max_backoff", r.MaxBackoff, time.Millisecond, 24*time.Hour)
+	v.durRange("retry.initial_backoff", r.InitialBackoff, time.Millisecond, time.Hour)
 	if r.MaxBackoff < r.InitialBackoff {
-		bad("retry.max_backoff", fmtDuration(r.MaxBackoff), fmt.Sprintf(">= retry.initial_backoff (%s)", fmtDuration(r.InitialBackoff)))
+		v.bad("retry.max_backoff", fmtDuration(r.MaxBackoff), fmt.Sprintf(">= retry.initial_backoff (%s)", fmtDuration(r.InitialBackoff)))
+	} else {
+		v.durRange("retry.max_backoff", r.MaxBackoff, time.Millisecond, 24*time.Hour)
 	}
-	if r.MaxAttempts < 1 || r.MaxAttempts > 1000 {
-		bad("retry.max_attempts", strconv.Itoa(r.MaxAttempts), "1..1000")
-	}
-	intMin("supervision.max_restarts", c.Supervision.MaxRestarts, 0)
-	durRange("supervision.within", c.Supervision.Within, time.Second, 24*time.Hour)
+	v.intMin("retry.max_attempts", r.MaxAttempts, 1)
+
+	v.intMin("supervision.max_restarts", c.Supervision.MaxRestarts, 0)
+	v.durRange("supervision.within", c.Supervision.Within, time.Second, 24*time.Hour)
 
 	if a := c.HTTP.Addr; a != "" {
 		host, port, err := net.SplitHostPort(a)
 		n, perr := strconv.Atoi(port)
-		if err != nil || perr != nil || n < 0 || n > 65535 {
-			bad("http.addr", a, "host:port (port 0: any free port), or empty to turn it off")
-		} else if host == "" {
-			bad("http.addr", a, "an explicit host, e.g. 127.0.0.1:8080 or 0.0.0.0:8080 to listen on every interface")
+		switch {
+		case err != nil || perr != nil || n < 0 || n > 65535:
+			v.bad("http.addr", a, "host:port with a port of 0..65535 (0: any free port), or empty to turn the server off")
+		case host == "":
+			v.bad("http.addr", a, "an explicit host: 127.0.0.1:8080, or 0.0.0.0:8080 to listen on every interface")
 		}
 	}
-	if c.Shutdown.Timeout <= 0 || c.Shutdown.Timeout > time.Hour {
-		bad("shutdown.timeout", fmtDuration(c.Shutdown.Timeout), "more than 0 and at most 1h")
+	if d := c.Shutdown.Timeout; d <= 0 || d > time.Hour {
+		v.bad("shutdown.timeout", fmtDuration(d), "more than 0, at most 1h")
 	}
-	oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
-	oneOf("log.format", c.Log.Format, "json", "text")
-	if len(ps) == 0 {
-		return nil
-	}
-	return &Error{Problems: ps}
+	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	v.oneOf("log.format", c.Log.Format, "json", "text")
+	return v.err()
 }
 
+func (c Config) validateKafka(v *validator) {
+	k := c.Kafka
+	if len(k.Brokers) == 0 {
+		v.bad("kafka.brokers", "", "one or more host:port")
+	}
+	for _, b := range k.Brokers {
+		host, port, err := net.SplitHostPort(b)
+		n, perr := strconv.Atoi(port)
+		if err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			v.bad("kafka.brokers", b, "host:port with a port of 1..65535")
+		}
+	}
+	if strings.TrimSpace(k.GroupID) == "" {
+		v.bad("kafka.group_id", k.GroupID, "a non-empty group name")
+	}
+
+	if len(k.Topics) == 0 {
+		v.bad("kafka.topics", "", "one or more topic names")
+	}
+	seen := map[string]bool{}
+	for _, t := range k.Topics {
+		switch {
+		case !validTopic(t):
+			v.bad("kafka.topics", t, "topic names of 1..249 characters from [a-zA-Z0-9._-]")
+		case seen[t]:
+			v.bad("kafka.topics", t, "each topic once")
+		}
+		seen[t] = true
+	}
+	for _, t := range k.Topics {
+		switch dlq := k.DLQTopic(t); {
+		case k.DLQTopicName != "":
+			// Checked once below.
+		case seen[dlq]:
+			v.bad("kafka.topics", dlq, fmt.Sprintf("input topics other than the dead-letter topic of %s (or set kafka.dlq_topic)", t))
+		case validTopic(t) && !validTopic(dlq):
+			v.bad("kafka.topics", t, "names of at most 245 characters, so that <topic>.dlq is a valid topic (or set kafka.dlq_topic)")
+		}
+	}
+
+	v.oneOf("kafka.format", k.Format, FormatProtobuf, FormatJSON)
+	for _, t := range sortedKeys(k.TopicFormats) {
+		if !seen[t] {
+			v.bad("kafka.topic_formats", t, "topics listed in kafka.topics ("+strings.Join(k.Topics, ", ")+")")
+		}
+		v.oneOf("kafka.topic_formats."+t, k.TopicFormats[t], FormatProtobuf, FormatJSON)
+	}
+	if d := k.DLQTopicName; d != "" {
+		switch {
+		case !validTopic(d):
+			v.bad("kafka.dlq_topic", d, "a topic name of 1..249 characters from [a-zA-Z0-9._-], or empty for <topic>.dlq")
+		case seen[d]:
+			v.bad("kafka.dlq_topic", d, "a topic that is not an input topic")
+		}
+	}
+
+	for _, name := range sortedKeys(k.Properties) {
+		value := k.Properties[name]
+		if SensitiveProperty(name) {
+			value = redacted
+		}
+		if !validPropertyName(name) {
+			v.bad("kafka.properties", name, "librdkafka property names such as security.protocol")
+			continue
+		}
+		if why, ok := managedProperties[name]; ok {
+			v.bad("kafka.properties."+name, value, "not set here; "+why)
+		}
+	}
+
+	if d := k.RecycleInterval; d != 0 && (d < time.Second || d > 30*24*time.Hour) {
+		v.bad("kafka.recycle_interval", fmtDuration(d), "0 (off) or 1s..720h")
+	}
+	v.oneOf("kafka.auto_offset_reset", k.AutoOffsetReset, "earliest", "latest")
+}
+
+// sslModes are the sslmode values libpq and pgx accept.
+var sslModes = []string{"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}
+
+func (c Config) validatePostgres(v *validator) {
+	const allowed = "a postgres:// or postgresql:// URL with a host, e.g. postgres://user@db:5432/ratchet"
+	raw := c.Postgres.URL.Reveal()
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Opaque != "":
+		v.bad("postgres.url", c.Postgres.URL.String(), allowed)
+	case u.Host == "" && u.Query().Get("host") == "":
+		v.bad("postgres.url", c.Postgres.URL.String(), allowed)
+	case u.Port() != "" && !validPort(u.Port()):
+		v.bad("postgres.url", c.Postgres.URL.String(), "a port of 1..65535")
+	default:
+		if m := u.Query().Get("sslmode"); m != "" && !slices.Contains(sslModes, m) {
+			v.bad("postgres.url", c.Postgres.URL.String(), "sslmode one of "+strings.Join(sslModes, ", "))
+		}
+	}
+	v.intMin("postgres.max_conns", c.Postgres.MaxConns, 0)
+}
+
+// validator collects problems.
+type validator struct{ ps []Problem }
+
+func (v *validator) bad(key, value, allowed string) {
+	v.ps = append(v.ps, Problem{Key: key, Value: value, Allowed: allowed})
+}
+
+func (v *validator) oneOf(key, value string, allowed ...string) {
+	if !slices.Contains(allowed, value) {
+		v.bad(key, value, strings.Join(allowed, ", "))
+	}
+}
+
+func (v *validator) intRange(key string, n, lo, hi int) {
+	if n < lo || n > hi {
+		v.bad(key, strconv.Itoa(n), fmt.Sprintf("%d..%d", lo, hi))
+	}
+}
+
+func (v *validator) intMin(key string, n, lo int) {
+	if n < lo {
+		v.bad(key, strconv.Itoa(n), fmt.Sprintf(">= %d", lo))
+	}
+}
+
+func (v *validator) durRange(key string, d, lo, hi time.Duration) {
+	if d < lo || d > hi {
+		v.bad(key, fmtDuration(d), fmtDuration(lo)+".."+fmtDuration(hi))
+	}
+}
+
+func (v *validator) err() error {
+	if len(v.ps) == 0 {
+		return nil
+	}
+	return &Error{Problems: v.ps}
+}
+
+func validPort(s string) bool {
+	n, err := strconv.Atoi(s)
+	return err == nil && n >= 1 && n <= 65535
+}
+
+// validTopic reports whether t is a legal Kafka topic name.
 func validTopic(t string) bool {
 	if t == "" || len(t) > 249 || t == "." || t == ".." {
 		return false
 	}
 	for _, r := range t {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+		if !isNameChar(r) {
 			return false
 		}
 	}
 	return true
+}
+
+// validPropertyName reports whether name looks like a librdkafka property.
+func validPropertyName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, r := range name {
+		if !isNameChar(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func isNameChar(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
 }

@@ -131,6 +131,25 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	defer func() { _ = system.Root.PoisonFuture(committer).Wait() }()
 
+	producer, err := kafkaclient.NewProducer(cfg.Kafka.Brokers, cfg.Kafka.Properties, e.log)
+	if err != nil {
+		return err
+	}
+	if err := ensureDLQTopics(startCtx, producer, cfg, e.log); err != nil {
+		producer.Close()
+		return err
+	}
+	dlq, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewDLQ(actors.DLQConfig{
+		Producer: producer, Topic: cfg.Kafka.DLQTopic, Logger: e.log,
+		Backoff: actors.RetryPolicy{InitialBackoff: cfg.Retry.InitialBackoff, MaxBackoff: cfg.Retry.MaxBackoff},
+	})), "dlq")
+	if err != nil {
+		producer.Close()
+		return fmt.Errorf("spawn dlq: %w", err)
+	}
+	// Stopped after the supervisor: partitions may wait on it until drained.
+	defer func() { _ = system.Root.PoisonFuture(dlq).Wait() }()
+
 	var claim actors.ClaimFunc
 	if exactlyOnce {
 		claim = func(ctx context.Context, topic string, partition int32, fallback int64) (store.Claim, error) {
@@ -160,14 +179,18 @@ func (e *engine) run(ctx context.Context) error {
 			MaxBackoff:     cfg.Retry.MaxBackoff,
 			MaxAttempts:    cfg.Retry.MaxAttempts,
 		},
-		Applier:       store.New(pool, e.opts.Processor),
-		DLQ:           discardDLQ{},
-		Committer:     committer,
-		DrainTimeout:  cfg.Shutdown.Timeout,
-		MaxRestarts:   cfg.Supervision.MaxRestarts,
-		RestartWindow: cfg.Supervision.Within,
-		Metrics:       e.m,
-		Logger:        e.log,
+		Applier:          store.New(pool, e.opts.Processor),
+		DLQ:              actors.DLQClient{Root: system.Root, PID: dlq},
+		DLQTopic:         cfg.Kafka.DLQTopic,
+		Committer:        committer,
+		DrainTimeout:     cfg.Shutdown.Timeout,
+		InstanceID:       cfg.Kafka.InstanceID,
+		RecycleInterval:  cfg.Kafka.RecycleInterval,
+		BrokersDownAfter: 2 * time.Minute,
+		MaxRestarts:      cfg.Supervision.MaxRestarts,
+		RestartWindow:    cfg.Supervision.Within,
+		Metrics:          e.m,
+		Logger:           e.log,
 	})
 
 	var wg sync.WaitGroup
@@ -214,12 +237,6 @@ func (e *engine) run(ctx context.Context) error {
 	return errors.Join(all...)
 }
 
-// discardDLQ stands in until the dead-letter actor exists: the record is
-// logged and counted by the retry actor and skipped.
-type discardDLQ struct{}
-
-func (discardDLQ) DeadLetter(context.Context, processor.Record, error, int) error { return nil }
-
 // minLevel drops records below min; it keeps protoactor's chatty Info lines
 // out of our logs.
 type minLevel struct {
@@ -235,3 +252,52 @@ func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler {
 	return minLevel{h: m.h.WithAttrs(a), min: m.min}
 }
 func (m minLevel) WithGroup(n string) slog.Handler { return minLevel{h: m.h.WithGroup(n), min: m.min} }
+
+// ensureDLQTopics creates the dead-letter topic of every input topic that
+// lacks one, with the input's partition count, or says clearly why it
+// cannot.
+func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, log *slog.Logger) error {
+	admin, err := kafka.NewAdminClientFromProducer(p)
+	if err != nil {
+		return fmt.Errorf("admin client: %w", err)
+	}
+	defer admin.Close()
+	md, err := admin.GetMetadata(nil, true, 10000)
+	if err != nil {
+		return fmt.Errorf("read topics from %v: %w", cfg.Kafka.Brokers, err)
+	}
+	var specs []kafka.TopicSpecification
+	for _, t := range cfg.Kafka.Topics {
+		in, ok := md.Topics[t]
+		parts := 1
+		if ok && in.Error.Code() == kafka.ErrNoError {
+			parts = max(len(in.Partitions), 1)
+			log.Info("input topic", "topic", t, "partitions", len(in.Partitions))
+		} else {
+			log.Warn("input topic not found; it will be consumed once it exists", "topic", t)
+		}
+		dlq := cfg.Kafka.DLQTopic(t)
+		if d, ok := md.Topics[dlq]; ok && d.Error.Code() == kafka.ErrNoError && len(d.Partitions) > 0 {
+			continue
+		}
+		specs = append(specs, kafka.TopicSpecification{Topic: dlq, NumPartitions: parts, ReplicationFactor: -1})
+	}
+	if len(specs) == 0 {
+		return nil
+	}
+	res, err := admin.CreateTopics(ctx, specs)
+	if err != nil {
+		return fmt.Errorf("dead-letter topic missing and not created: %w", err)
+	}
+	for _, r := range res {
+		switch r.Error.Code() {
+		case kafka.ErrNoError:
+			log.Info("dead-letter topic created", "topic", r.Topic)
+		case kafka.ErrTopicAlreadyExists:
+		default:
+			return fmt.Errorf("dead-letter topic %s is missing and could not be created (create it, or set kafka.dlq_topic): %w",
+				r.Topic, r.Error)
+		}
+	}
+	return nil
+}

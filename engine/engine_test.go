@@ -310,7 +310,7 @@ func (l ledger) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error
 func createLedger(tb testing.TB, pool *pgxpool.Pool) {
 	tb.Helper()
 	if _, err := pool.Exec(context.Background(),
-		`CREATE TABLE test_ledger (topic text, partition int, off bigint, id text, owner text)`); err != nil {
+		`CREATE TABLE test_ledger (topic text, partition int, off bigint, id text, owner text, at timestamptz DEFAULT clock_timestamp())`); err != nil {
 		tb.Fatalf("create ledger: %v", err)
 	}
 }
@@ -382,11 +382,20 @@ func waitApplied(tb testing.TB, pool *pgxpool.Pool, n int64) {
 // waitMembers waits until the group is stable with n members.
 func waitMembers(tb testing.TB, c *kfake.Cluster, group string, n int) {
 	tb.Helper()
+	waitStable(tb, c, group, n)
+}
+
+// waitStable waits until the group is stable with n members and returns
+// its state then.
+func waitStable(tb testing.TB, c *kfake.Cluster, group string, n int) *kfake.GroupInfo {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if _, err := c.WaitGroupStable(ctx, group, n); err != nil {
+	info, err := c.WaitGroupStable(ctx, group, n)
+	if err != nil {
 		tb.Fatalf("group %s never stable with %d members: %v", group, n, err)
 	}
+	return info
 }
 
 // waitOwnerApplies waits until owner applied more than it has now.

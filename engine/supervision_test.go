@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -190,4 +191,110 @@ func (g gathererCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "sum", nil, nil), prometheus.UntypedValue, sum)
+}
+
+func TestRecycleTwentyTimesReplaysNothing(t *testing.T) {
+	_, addr := testenv.Kafka(t, 12, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	cfg.Kafka.RecycleInterval = time.Second
+	reg := prometheus.NewRegistry()
+	logs := &lockedBuffer{}
+	s := stream(t, addr, 50, 20*time.Millisecond)
+	r := runWithLogs(t, cfg, ledger{"sup"}, reg, logs)
+	testenv.Eventually(t, 180*time.Second, func() bool {
+		return len(logs.lines(`"msg":"consumer closed; building a new one"`)) >= 20
+	}, "20 consumer rebuilds")
+	s.stop()
+	waitApplied(t, pool, s.sent.Load())
+	r.stop(t)
+	assertLedgerExactlyOnce(t, pool, s.sent.Load())
+
+	// Every rebuild drained and flushed before the consumer was closed.
+	var state string
+	for _, line := range logs.lines(`"msg":`) {
+		switch {
+		case strings.Contains(line, `"msg":"rebuilding the consumer: draining and flushing first"`):
+			state = "draining"
+		case strings.Contains(line, `"msg":"offsets flushed"`) && state == "draining":
+			state = "flushed"
+		case strings.Contains(line, `"msg":"consumer closed; building a new one"`):
+			if state != "flushed" {
+				t.Fatalf("consumer rebuilt without a flush first (state %q)", state)
+			}
+			state = ""
+		}
+	}
+	if got := testutil.ToFloat64(metricVec(t, reg, "ratchet_consumer_rebuilds_total")); got < 20 {
+		t.Errorf("ratchet_consumer_rebuilds_total = %v, want >= 20", got)
+	}
+}
+
+func TestFencedStaticMemberStopsWithoutHanging(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 12, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Kafka.InstanceID = "pod-0"
+	cfg.Shutdown.Timeout = 10 * time.Second
+	s := stream(t, addr, 50, 20*time.Millisecond)
+
+	logsA := &lockedBuffer{}
+	a := runWithLogs(t, cfg, ledger{"a"}, prometheus.NewRegistry(), logsA)
+	waitMembers(t, cluster, cfg.Kafka.GroupID, 1)
+	waitOwnerApplies(t, pool, "a")
+
+	b := runWithLogs(t, cfg, ledger{"b"}, prometheus.NewRegistry(), &lockedBuffer{}) // same instance id
+	select {
+	case err := <-a.done:
+		a.cancel = nil // stopped by itself
+		if err == nil || !strings.Contains(err.Error(), "fenced static member") {
+			t.Fatalf("fenced engine returned %v, want a fenced static member error", err)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("fenced engine did not stop within 90s (Close hang?)")
+	}
+	if len(logsA.lines(`"msg":"fatal consumer error"`)) == 0 {
+		t.Error("the fatal error was not logged")
+	}
+	waitOwnerApplies(t, pool, "b") // the new owner goes on
+	s.stop()
+	waitApplied(t, pool, s.sent.Load())
+	b.stop(t)
+	assertLedgerExactlyOnce(t, pool, s.sent.Load())
+}
+
+// TestStaticMemberRestartReplaysNothing restarts a static member
+// (kafka.instance_id) under load. The restart is not free of rebalances:
+// cooperative-sticky puts the owned partitions in the subscription metadata
+// (KIP-429), and a static member that rejoins with changed metadata is
+// rebalanced, by kfake as by Apache Kafka. The rebalance is incremental
+// and every revoke flushes, so nothing is replayed or lost.
+func TestStaticMemberRestartReplaysNothing(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 12, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	cfg0 := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	cfg0.Kafka.InstanceID = "pod-0"
+	cfg1 := cfg0
+	cfg1.Kafka.InstanceID = "pod-1"
+	s := stream(t, addr, 50, 20*time.Millisecond)
+	a := start(t, cfg0, ledger{"a"}, "a")
+	b := start(t, cfg1, ledger{"b"}, "b")
+	waitStable(t, cluster, cfg0.Kafka.GroupID, 2)
+	waitOwnerApplies(t, pool, "a")
+	waitOwnerApplies(t, pool, "b")
+	a.stop(t)
+	a2 := start(t, cfg0, ledger{"a2"}, "a2")
+	waitOwnerApplies(t, pool, "a2")
+	waitOwnerApplies(t, pool, "b")
+	s.stop()
+	waitApplied(t, pool, s.sent.Load())
+	a2.stop(t)
+	b.stop(t)
+	assertLedgerExactlyOnce(t, pool, s.sent.Load())
 }

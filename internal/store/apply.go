@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,7 +35,11 @@ func New(pool *pgxpool.Pool, p processor.Processor) *Store {
 // A processor error rolls the transaction back and is returned wrapped, so
 // errors.Is and the predicates of this package see it. Apply does not change
 // claim; the caller tracks its position.
-func (s *Store) Apply(ctx context.Context, b processor.Batch, claim *Claim) error {
+//
+// dead lists records of b's range that were dead-lettered; with a claim they
+// are recorded in ratchet_dead_letters in the same transaction (a record
+// dead-lettered twice after a crash is recorded once).
+func (s *Store) Apply(ctx context.Context, b processor.Batch, claim *Claim, dead ...DeadLetter) error {
 	if b.Next < b.Start {
 		return fmt.Errorf("apply %s[%d]: batch ends at %d before its start %d", b.Topic, b.Partition, b.Next, b.Start)
 	}
@@ -47,6 +52,9 @@ func (s *Store) Apply(ctx context.Context, b processor.Batch, claim *Claim) erro
 		}
 		if claim == nil {
 			return nil
+		}
+		if err := recordDeadLetters(ctx, tx, claim, dead); err != nil {
+			return err
 		}
 		return advance(ctx, tx, b, claim)
 	})
@@ -101,4 +109,35 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
 		conflict.Kind = Fenced
 	}
 	return conflict
+}
+
+// DeadLetter is one dead-lettered record, as ratchet_dead_letters keeps it.
+type DeadLetter struct {
+	Offset   int64
+	Error    string
+	Attempts int
+	DLQTopic string
+	FailedAt time.Time
+}
+
+func recordDeadLetters(ctx context.Context, tx pgx.Tx, claim *Claim, dead []DeadLetter) error {
+	if len(dead) == 0 {
+		return nil
+	}
+	offsets := make([]int64, len(dead))
+	errs := make([]string, len(dead))
+	attempts := make([]int32, len(dead))
+	topics := make([]string, len(dead))
+	at := make([]time.Time, len(dead))
+	for i, d := range dead {
+		offsets[i], errs[i], attempts[i], topics[i], at[i] = d.Offset, d.Error, int32(d.Attempts), d.DLQTopic, d.FailedAt
+	}
+	_, err := tx.Exec(ctx, `
+INSERT INTO ratchet_dead_letters (consumer_group, topic, partition, "offset", error, attempts, dlq_topic, failed_at)
+SELECT $1, $2, $3, o, e, a, d, f FROM unnest($4::bigint[], $5::text[], $6::int[], $7::text[], $8::timestamptz[]) AS t(o, e, a, d, f)
+ON CONFLICT DO NOTHING`, claim.Group, claim.Topic, claim.Partition, offsets, errs, attempts, topics, at)
+	if err != nil {
+		return fmt.Errorf("record dead letters: %w", err)
+	}
+	return nil
 }

@@ -1,0 +1,188 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+const planted = "pl4nted-S3cret"
+
+// secretConfig loads a configuration with the planted secret in the
+// database URL and in every kind of sensitive librdkafka property.
+func secretConfig(tb testing.TB) Config {
+	tb.Helper()
+	path := writeFile(tb, `
+kafka:
+  properties:
+    security.protocol: SASL_SSL
+    sasl.mechanism: SCRAM-SHA-512
+    sasl.username: app
+    sasl.password: `+planted+`
+    ssl.key.password: `+planted+`
+    ssl.key.pem: "-----BEGIN PRIVATE KEY-----`+planted+`"
+    sasl.oauthbearer.client.secret: `+planted+`
+`)
+	return mustLoad(tb, path, "RATCHET_POSTGRES_URL=postgres://app:"+planted+"@db:5432/ratchet?sslmode=require")
+}
+
+func TestSecretsNeverPrinted(t *testing.T) {
+	cfg := secretConfig(t)
+	var jsonLog, textLog bytes.Buffer
+	slog.New(slog.NewJSONHandler(&jsonLog, nil)).Info("config", "config", cfg, "url", cfg.Postgres.URL, "props", cfg.Kafka.Properties)
+	slog.New(slog.NewTextHandler(&textLog, nil)).Info("config", "config", cfg)
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ym, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outputs := map[string]string{
+		"%v":                 fmt.Sprintf("%v", cfg),
+		"%+v":                fmt.Sprintf("%+v", cfg),
+		"%#v":                fmt.Sprintf("%#v", cfg),
+		"%s":                 fmt.Sprintf("%s", cfg),
+		"String":             cfg.String(),
+		"%+v Postgres":       fmt.Sprintf("%+v", cfg.Postgres),
+		"%#v Postgres":       fmt.Sprintf("%#v", cfg.Postgres),
+		"%+v Kafka":          fmt.Sprintf("%+v", cfg.Kafka),
+		"%#v Kafka":          fmt.Sprintf("%#v", cfg.Kafka),
+		"%v url":             fmt.Sprintf("%v", cfg.Postgres.URL),
+		"%q url":             fmt.Sprintf("%q", cfg.Postgres.URL),
+		"%v properties":      fmt.Sprint(cfg.Kafka.Properties),
+		"slog json":          jsonLog.String(),
+		"slog text":          textLog.String(),
+		"json":               string(js),
+		"yaml":               string(ym),
+		"Redacted %+v":       fmt.Sprintf("%+v", cfg.Redacted()),
+		"Redacted url":       cfg.Redacted().Postgres.URL.Reveal(),
+		"Redacted property":  cfg.Redacted().Kafka.Properties["sasl.password"],
+		"Reference markdown": ReferenceMarkdown(),
+	}
+	for name, out := range outputs {
+		if strings.Contains(out, planted) {
+			t.Errorf("%s reveals the secret: %s", name, out)
+		}
+		if name != "Reference markdown" && !strings.Contains(out, "REDACTED") {
+			t.Errorf("%s shows no REDACTED marker: %s", name, out)
+		}
+	}
+	if !strings.Contains(cfg.Postgres.URL.Reveal(), planted) || cfg.Kafka.Properties["sasl.password"] != planted {
+		t.Error("the configuration itself must keep the secrets")
+	}
+	if !strings.Contains(textLog.String(), "config.kafka.properties.sasl.username=app") {
+		t.Errorf("slog output lost the non-secret properties: %s", textLog.String())
+	}
+}
+
+func TestSecretsNeverInProblems(t *testing.T) {
+	cases := []struct {
+		name string
+		file string
+		env  []string
+	}{
+		{"bad scheme with password", "", []string{"RATCHET_POSTGRES_URL=mysql://u:" + planted + "@db/x"}},
+		{"unparsable url with password", "", []string{"RATCHET_POSTGRES_URL=postgres://u:" + planted + "@db:port/x"}},
+		{"no scheme separator", "", []string{"RATCHET_POSTGRES_URL=postgres//u:" + planted + "@db/x"}},
+		{"key=value dsn", "", []string{"RATCHET_POSTGRES_URL=host=db password=" + planted}},
+		{"url in file", "postgres:\n  url: mysql://u:" + planted + "@db/x\n", nil},
+		{"url list in file", "postgres:\n  url: [\"postgres://u:" + planted + "@db/x\"]\n", nil},
+		{"malformed properties from env", "", []string{"RATCHET_KAFKA_PROPERTIES=sasl.password=" + planted + ",oops"}},
+		{"password with a comma", "", []string{"RATCHET_KAFKA_PROPERTIES=sasl.password=ab," + planted}},
+		{"properties not a mapping", "kafka:\n  properties: [\"sasl.password=" + planted + "\"]\n", nil},
+		{"property value not scalar", "kafka:\n  properties: {sasl.password: [" + planted + "]}\n", nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := ""
+			if tc.file != "" {
+				path = writeFile(t, tc.file)
+			}
+			ce := problems(t, path, tc.env...)
+			if strings.Contains(ce.Error(), planted) {
+				t.Errorf("problem reveals the secret: %s", ce)
+			}
+			if !strings.Contains(ce.Error(), "REDACTED") {
+				t.Errorf("problem shows no REDACTED marker: %s", ce)
+			}
+		})
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"postgres://app:pw@db:5432/x", "postgres://app:REDACTED@db:5432/x"},
+		{"postgres://app@db/x", "postgres://app@db/x"},
+		{"postgres://db/x", "postgres://db/x"},
+		{"postgres://app:p%40ss@db/x", "postgres://app:REDACTED@db/x"},
+		{"postgres://app:p@ss@db/x", "postgres://app:REDACTED@db/x"},
+		{"postgres://db/x?sslmode=require&password=pw", "postgres://db/x?password=REDACTED&sslmode=require"},
+		{"dial postgres://app:pw@db/x: refused", "dial postgres://app:REDACTED@db/x: refused"},
+		{"connect postgres://app:p/w@db:1/x failed", "connect postgres://app:REDACTED@db:1/x failed"},
+		{"host=db user=app password=pw sslmode=disable", "host=db user=app password=REDACTED sslmode=disable"},
+		{"host=db password='p w' dbname=x", "host=db password=REDACTED dbname=x"},
+		{"no secrets here", "no secrets here"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.in, func(t *testing.T) {
+			if got := RedactURL(tc.in); got != tc.want {
+				t.Errorf("RedactURL(%q) = %q, want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSensitiveProperty(t *testing.T) {
+	cases := []struct {
+		name string
+		want bool
+	}{
+		{"sasl.password", true},
+		{"ssl.key.password", true},
+		{"ssl.key.pem", true},
+		{"ssl.key.location", true},
+		{"ssl.keystore.password", true},
+		{"sasl.oauthbearer.client.secret", true},
+		{"sasl.oauthbearer.config", true},
+		{"sasl.jaas.config", true},
+		{"some.api.token", true},
+		{"schema.registry.apikey", true},
+		{"SASL.PASSWORD", true},
+		{"security.protocol", false},
+		{"sasl.mechanism", false},
+		{"sasl.username", false},
+		{"ssl.ca.location", false},
+		{"ssl.certificate.pem", false},
+		{"ssl.keystore.location", false},
+		{"sasl.kerberos.keytab", false},
+		{"sasl.oauthbearer.client.id", false},
+		{"socket.keepalive.enable", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := SensitiveProperty(tc.name); got != tc.want {
+				t.Errorf("SensitiveProperty(%q) = %v, want %v", tc.name, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRedactedSharesNothing(t *testing.T) {
+	cfg := secretConfig(t)
+	r := cfg.Redacted()
+	r.Kafka.Brokers[0] = "changed:1"
+	r.Kafka.Properties["security.protocol"] = "PLAINTEXT"
+	if cfg.Kafka.Brokers[0] == "changed:1" || cfg.Kafka.Properties["security.protocol"] != "SASL_SSL" {
+		t.Error("Redacted shares slices or maps with the original")
+	}
+	if got := r.Postgres.URL.Reveal(); got != "postgres://app:REDACTED@db:5432/ratchet?sslmode=require" {
+		t.Errorf("redacted url %q", got)
+	}
+}
