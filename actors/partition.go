@@ -269,11 +269,29 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 	p.inFlight, p.inFlightN = nil, 0
 	p.release(n)
 	if msg.err != nil {
+		var conflict *store.OffsetConflictError
+		if errors.As(msg.err, &conflict) && conflict.Kind != store.Fenced && conflict.StoredEpoch == conflict.Epoch {
+			// Still ours, but the batch does not start where the store
+			// says. The store is the truth: move the watermark there and
+			// read from it again.
+			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
+			p.log().Warn("batch refused by the offset guard; resuming from the stored offset", "offset", msg.start,
+				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err)
+			p.release(len(p.queue))
+			p.queue = nil
+			p.state.next = conflict.StoredNext
+			p.cfg.Progress.Next.Store(conflict.StoredNext)
+			p.awaitSeek = true
+			p.cfg.Seek(c.Self(), p.cfg.TP, p.state.next)
+			if p.draining {
+				p.answerDrainers(c)
+			}
+			return
+		}
 		if store.IsOffsetConflict(msg.err) {
-			// Another instance claimed the partition (fenced), or the batch
-			// does not start where the stored offset is. Either way this
-			// actor must never write again; the rebalance that follows
-			// hands the partition to its owner.
+			// Another instance claimed the partition: this actor must never
+			// write again; the rebalance that follows hands the partition
+			// to its owner.
 			p.state.fenced = true
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
 			p.log().Error("batch refused by the offset guard; partition stopped", "offset", msg.start,

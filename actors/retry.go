@@ -160,8 +160,20 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 		if r.ctx.Err() != nil {
 			return r.ctx.Err()
 		}
+		var conflict *store.OffsetConflictError
 		switch {
-		case store.IsOffsetConflict(err):
+		case errors.As(err, &conflict):
+			if attempt > 0 && conflict.Kind == store.Overlap && conflict.StoredEpoch == conflict.Epoch &&
+				conflict.StoredNext == b.Next {
+				// An earlier attempt committed, but its answer was lost
+				// (the connection dropped during COMMIT): the store already
+				// holds exactly this batch, under our own epoch.
+				r.cfg.Logger.Info("batch was committed by an earlier attempt", "actor", "retry", "topic", b.Topic,
+					"partition", b.Partition, "offset", b.Start, "epoch", conflict.Epoch)
+				r.unrecorded = r.unrecorded[:0]
+				r.observe(b, began)
+				return nil
+			}
 			return err
 		case isPanic(err) && !r.isolatePanics:
 			// The parent decides: restart (supervised, logged) and re-read

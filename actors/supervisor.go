@@ -152,7 +152,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.closeConsumer()
 			return fmt.Errorf("subscribe %v: %w", s.cfg.Topics, err)
 		}
-		s.board.phase.Store(int32(PhaseRunning))
+		// The phase moves to running at the first rebalance callback: until
+		// then the instance has not joined the group.
 		rebuild, runErr := s.poll(ctx)
 		if rebuild == "" {
 			s.board.phase.Store(int32(PhaseDraining))
@@ -408,6 +409,7 @@ func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
 }
 
 func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
+	defer s.board.phase.CompareAndSwap(int32(PhaseStarting), int32(PhaseRunning))
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
 	defer cancel()
 	starts := s.startOffsets(ctx, c, parts)

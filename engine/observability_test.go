@@ -621,7 +621,6 @@ func perPartition(tb testing.TB, pool *pgxpool.Pool) map[int32]int64 {
 // its outcome unknown to the engine; the retry must recognise its own
 // committed batch rather than stop the partition.
 func TestPartitionsResumeAfterOutage(t *testing.T) {
-	// t.Skip("blocked: a connection lost during COMMIT makes the retry hit the offset guard (overlap with its own committed batch) and the partition stops until the next rebalance; see actors/retry.go apply and actors/partition.go batch refused by the offset guard")
 	_, addr := testenv.Kafka(t, 12, topic)
 	dbURL := testenv.Postgres(t)
 	pool := openPool(t, dbURL)
