@@ -26,3 +26,4 @@ clean:
 	rm -rf bin
 
 include proto.mk
+include mk/image.mk

@@ -461,6 +461,10 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	}
 	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
 	s.snapshot()
+	if len(s.parts) == 0 {
+		s.cfg.Logger.Warn("no partitions assigned to this instance after a rebalance",
+			"hint", "a group with more members than input partitions leaves the extra members idle")
+	}
 }
 
 type startOffset struct {
@@ -593,6 +597,8 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition) {
 		if a.paused {
 			s.cfg.Metrics.Paused.Dec()
 		}
+		// Another member exports this partition's lag from now on.
+		s.cfg.Metrics.Lag.DeleteLabelValues(tp.Topic, metrics.Partition(tp.Partition))
 		delete(s.parts, tp)
 		delete(s.pending, tp)
 		wg.Go(func() { _ = s.system.Root.StopFuture(a.pid).Wait() })
