@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -103,4 +104,27 @@ func Eventually(tb testing.TB, timeout time.Duration, cond func() bool, format s
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// MockKafka starts librdkafka's own mock cluster (a second, independent
+// Kafka-protocol implementation) in this process with the given topics and
+// returns its bootstrap address; other processes reach it over TCP. It is
+// closed when the test ends.
+//
+// Use it where kfake's group coordinator falls short: kfake restarts the
+// join deadline on every JoinGroup, so a group whose members keep being
+// killed and restarted can stay in rebalance for ever.
+func MockKafka(tb testing.TB, partitions int, topics ...string) string {
+	tb.Helper()
+	mc, err := kafka.NewMockCluster(1)
+	if err != nil {
+		tb.Fatalf("start mock cluster: %v", err)
+	}
+	tb.Cleanup(mc.Close)
+	for _, t := range topics {
+		if err := mc.CreateTopic(t, partitions, 1); err != nil {
+			tb.Fatalf("mock cluster topic %s: %v", t, err)
+		}
+	}
+	return mc.BootstrapServers()
 }

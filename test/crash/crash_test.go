@@ -43,9 +43,23 @@ type instance struct {
 	done chan error
 }
 
+var logDir string
+
 func startInstance(tb testing.TB, bin, name string, env []string) *instance {
 	tb.Helper()
-	logf, err := os.Create(filepath.Join(tb.TempDir(), name+".log"))
+	if logDir == "" {
+		logDir = tb.TempDir()
+		if d := os.Getenv("RATCHET_TEST_LOG_DIR"); d != "" {
+			logDir = d
+		}
+		tb.Cleanup(func() {
+			if tb.Failed() {
+				out, _ := exec.Command("bash", "-c", "tail -n 15 "+logDir+"/*.log | cut -c1-400").CombinedOutput()
+				tb.Logf("instance logs:\n%s", out)
+			}
+		})
+	}
+	logf, err := os.Create(filepath.Join(logDir, name+".log"))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -93,12 +107,12 @@ func TestKillNineThreeInstancesCountsEveryEventOnce(t *testing.T) {
 	}
 	const events = 300_000
 	const kills = 15
-	_, addr := testenv.Kafka(t, 12, topic, topic+".dlq")
+	addr := testenv.MockKafka(t, 12, topic, topic+".dlq")
 	dbURL := testenv.Postgres(t)
 	bin := buildBinary(t)
 	env := []string{
 		"RATCHET_KAFKA_BROKERS=" + addr, "RATCHET_POSTGRES_URL=" + dbURL, "RATCHET_COMMIT_MODE=exactly-once",
-		"RATCHET_HTTP_ADDR=", "RATCHET_KAFKA_PROPERTIES=session.timeout.ms=6000,heartbeat.interval.ms=500",
+		"RATCHET_HTTP_ADDR=", "RATCHET_KAFKA_PROPERTIES=session.timeout.ms=6000,heartbeat.interval.ms=500,max.poll.interval.ms=10000",
 	}
 
 	// The producer and the expected rollups come from the same generator.
