@@ -1,0 +1,109 @@
+package engine_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"ratchet/config"
+	"ratchet/internal/store"
+	"ratchet/internal/testenv"
+	"ratchet/processor"
+)
+
+// gate is a ledger that, once armed, holds the next batch inside its
+// transaction until released: a process paused mid-batch (GC pause, stopped
+// container, overloaded node).
+type gate struct {
+	ledger
+	armed    atomic.Bool
+	held     chan struct{} // closed when a batch is being held
+	release  chan struct{}
+	holdOnce sync.Once
+}
+
+func (g *gate) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+	if len(b.Records) > 0 && g.armed.CompareAndSwap(true, false) {
+		g.holdOnce.Do(func() { close(g.held) })
+		<-g.release // a paused process does not notice anything
+	}
+	return g.ledger.Process(ctx, tx, b)
+}
+
+// TestZombieInstanceIsFenced pauses an instance inside a batch
+// transaction, lets a new owner claim its partitions (what the new owner's
+// assignment does: epoch + 1 in ratchet_offsets), and wakes it up: its
+// transaction must be refused, logged and counted, and nothing counted
+// twice. The claim is made directly rather than through a second consumer:
+// in-process, the paused instance's own consumer notices a lost session and
+// cancels the batch before it can write, which would prove nothing about the
+// guard; a frozen process (SIGSTOP, a long GC or VM pause) does not.
+func TestZombieInstanceIsFenced(t *testing.T) {
+	_, addr := testenv.Kafka(t, 4, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Shutdown.Timeout = 5 * time.Second
+
+	s := stream(t, addr, 20, 20*time.Millisecond)
+	g := &gate{ledger: ledger{"zombie"}, held: make(chan struct{}), release: make(chan struct{})}
+	zreg := prometheus.NewRegistry()
+	zlogs := &lockedBuffer{}
+	z := runWithLogs(t, cfg, g, zreg, zlogs)
+	waitOwnerApplies(t, pool, "zombie")
+	g.armed.Store(true)
+	<-g.held // the zombie is inside a transaction, frozen
+
+	for p := range int32(4) {
+		cl, err := store.ClaimPartition(context.Background(), pool, cfg.Kafka.GroupID, topic, p, "new-owner", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cl.Epoch != 2 {
+			t.Fatalf("partition %d claimed at epoch %d, want 2", p, cl.Epoch)
+		}
+	}
+	// A batch that moved its offset before a claim commits first (the claim
+	// waits for its row lock); everything after this count must be refused.
+	before := count(t, pool, `SELECT count(*) FROM test_ledger`)
+	close(g.release) // the zombie wakes up and finishes its batch
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return len(zlogs.lines(`"msg":"batch refused by the offset guard; partition stopped"`)) > 0
+	}, "the zombie's write is refused and logged")
+	if got := testutil.ToFloat64(metricVec(t, zreg, "ratchet_fenced_writes_total")); got < 1 {
+		t.Errorf("ratchet_fenced_writes_total = %v, want >= 1", got)
+	}
+	for _, l := range zlogs.lines(`batch refused by the offset guard`) {
+		if !strings.Contains(l, "fenced") || !strings.Contains(l, `"epoch":1`) {
+			t.Errorf("refusal line should name the fence and the old epoch: %s", l)
+		}
+	}
+	s.stop()
+	// Give every other zombie partition a chance to try, then check that
+	// nothing it did after the claim was committed.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return len(zlogs.lines(`"msg":"batch refused by the offset guard; partition stopped"`)) == 4
+	}, "all four zombie partitions refused")
+	z.stop(t)
+	if after := count(t, pool, `SELECT count(*) FROM test_ledger`); after != before {
+		t.Errorf("the fenced instance committed %d rows after the new owner's claim", after-before)
+	}
+	var epochs, next int64
+	if err := pool.QueryRow(context.Background(), `SELECT min(epoch), count(*) FROM ratchet_offsets`).Scan(&epochs, &next); err != nil {
+		t.Fatal(err)
+	}
+	if epochs != 2 {
+		t.Errorf("a fenced write moved the claim: min epoch %d", epochs)
+	}
+	if dup := count(t, pool, `SELECT count(*) - count(DISTINCT id) FROM test_ledger`); dup != 0 {
+		t.Errorf("%d events counted twice", dup)
+	}
+}
