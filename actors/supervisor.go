@@ -33,6 +33,10 @@ type SupervisorConfig struct {
 	Topics     []string
 	// Claim is set in exactly-once mode, nil in at-least-once mode.
 	Claim ClaimFunc
+	// Reposition moves a claimed partition's stored position (guarded by
+	// the claim's epoch); used when the stored position is past the end of
+	// a recreated topic.
+	Reposition func(ctx context.Context, c store.Claim, next int64) (store.Claim, error)
 	// Format returns the value format of a topic (protobuf or json).
 	Format func(topic string) string
 	// AutoOffsetReset (earliest or latest) places a partition that has
@@ -496,17 +500,22 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 		}
 	}
 	for i, p := range parts {
+		low, high, err := c.QueryWatermarkOffsets(*p.Topic, p.Partition, int(s.cfg.DrainTimeout/time.Millisecond))
+		if err != nil {
+			out[i] = startOffset{err: fmt.Errorf("query watermarks: %w", err)}
+			continue
+		}
 		if s.cfg.Claim == nil {
-			out[i] = startOffset{start: committed[i]}
+			start := committed[i]
+			if start > high {
+				s.pastEnd(*p.Topic, p.Partition, start, low, high)
+				start = low
+			}
+			out[i] = startOffset{start: start}
 			continue
 		}
 		fallback := committed[i]
-		if fallback < 0 {
-			low, high, err := c.QueryWatermarkOffsets(*p.Topic, p.Partition, int(s.cfg.DrainTimeout/time.Millisecond))
-			if err != nil {
-				out[i] = startOffset{err: fmt.Errorf("query watermarks: %w", err)}
-				continue
-			}
+		if fallback < 0 || fallback > high {
 			fallback = low
 			if s.cfg.AutoOffsetReset == "latest" {
 				fallback = high
@@ -516,6 +525,17 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 		if err != nil {
 			out[i] = startOffset{err: err}
 			continue
+		}
+		if cl.Next > high {
+			s.pastEnd(*p.Topic, p.Partition, cl.Next, low, high)
+			if cl, err = s.cfg.Reposition(ctx, cl, low); err != nil {
+				out[i] = startOffset{err: err}
+				continue
+			}
+		} else if cl.Next < low {
+			s.cfg.Logger.Error("records were deleted by retention before they were applied",
+				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "log_start", low,
+				"lost", low-cl.Next)
 		}
 		if committed[i] >= 0 && committed[i] != cl.Next {
 			// The difference is what Kafka's committed offset alone would
@@ -530,6 +550,16 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 		out[i] = startOffset{start: cl.Next, claim: &claim}
 	}
 	return out
+}
+
+// pastEnd reports a position beyond the partition's end: the topic was
+// deleted and recreated (or truncated). Every offset from the old log is
+// meaningless for the new one; the records in it start at the log start,
+// and skipping them would lose them.
+func (s *Supervisor) pastEnd(topic string, partition int32, pos, low, high int64) {
+	s.cfg.Metrics.OffsetResets.WithLabelValues(topic).Inc()
+	s.cfg.Logger.Error("stored position is past the end of the partition (topic recreated or truncated); starting at the log start",
+		"topic", topic, "partition", partition, "offset", pos, "end", high, "log_start", low)
 }
 
 func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {

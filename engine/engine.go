@@ -166,9 +166,12 @@ func (e *engine) run(ctx context.Context) error {
 				Properties:      cfg.Kafka.Properties,
 			}, e.log)
 		},
-		OnConsumer:      func(c *kafka.Consumer) { consumer.Store(c) },
-		Topics:          cfg.Kafka.Topics,
-		Claim:           claim,
+		OnConsumer: func(c *kafka.Consumer) { consumer.Store(c) },
+		Topics:     cfg.Kafka.Topics,
+		Claim:      claim,
+		Reposition: func(ctx context.Context, c store.Claim, next int64) (store.Claim, error) {
+			return store.MoveOffset(ctx, pool, c, next)
+		},
 		Format:          cfg.FormatFor,
 		AutoOffsetReset: cfg.Kafka.AutoOffsetReset,
 		BatchSize:       cfg.Processing.BatchSize,

@@ -33,6 +33,7 @@ type Metrics struct {
 	StaleOffsets     prometheus.Counter
 	DegradedSeconds  prometheus.Counter
 	Reconnects       *prometheus.CounterVec // reason
+	OffsetResets     *prometheus.CounterVec // topic
 }
 
 // New registers the series on reg.
@@ -85,8 +86,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "ratchet_degraded_seconds_total", Help: "Time spent retrying transient failures."}),
 		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_consumer_rebuilds_total", Help: "Consumers rebuilt (fatal error, outage, recycle)."}, []string{"reason"}),
+		OffsetResets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_offset_resets_total", Help: "Positions past the end of a partition (topic recreated) reset to its start."},
+			[]string{"topic"}),
 	}
-	reg.MustRegister(m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
+	reg.MustRegister(m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
 		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned,
 		m.Restarts, m.RewindsPrevented, m.RewindRecords, m.Fenced, m.StaleOffsets, m.DegradedSeconds, m.Reconnects)
 	return m

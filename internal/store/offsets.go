@@ -79,3 +79,23 @@ FROM ratchet_offsets WHERE consumer_group = $1 ORDER BY topic, partition`, group
 	}
 	return out, nil
 }
+
+// MoveOffset sets the stored position of c's partition to next, guarded by
+// c's epoch, and returns the claim with the new position. It is for a
+// position that no longer exists (the topic was recreated), not for normal
+// progress, which only Apply makes.
+func MoveOffset(ctx context.Context, pool *pgxpool.Pool, c Claim, next int64) (Claim, error) {
+	tag, err := pool.Exec(ctx, `
+UPDATE ratchet_offsets SET next_offset = $5, updated_at = now()
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
+		c.Group, c.Topic, c.Partition, c.Epoch, next)
+	if err != nil {
+		return c, fmt.Errorf("move offset of %s[%d]: %w", c.Topic, c.Partition, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return c, &OffsetConflictError{Kind: Fenced, Group: c.Group, Topic: c.Topic, Partition: c.Partition,
+			Epoch: c.Epoch, Start: next, StoredNext: -1}
+	}
+	c.Next = next
+	return c, nil
+}
