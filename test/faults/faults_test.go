@@ -13,8 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"ratchet/config"
 	"ratchet/internal/produce"
+	"ratchet/internal/testenv"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 
 	"google.golang.org/protobuf/proto"
@@ -26,7 +29,13 @@ var poisoned = produce.Options{PoisonFraction: 0.01}
 // hold keeps a fault in place for d. Waiting out the fault is the scenario.
 func hold(d time.Duration) { time.Sleep(d) }
 
-func TestBrokerCut10s(t *testing.T) {
+// TestBrokerCut20s closes every broker connection for 20 s (the fault
+// suite asks 10 s, the reconnect issue 20 s): the consumer reconnects by
+// itself and nothing is lost or replayed. The broker's own control hook
+// does the cutting: librdkafka connects to the addresses the broker
+// advertises, so a proxy in front of the bootstrap address would only cut
+// the first connection.
+func TestBrokerCut20s(t *testing.T) {
 	for _, mode := range []string{config.ModeExactlyOnce, config.ModeAtLeastOnce} {
 		t.Run(mode, func(t *testing.T) {
 			h := newHarness(t, 12, mode)
@@ -43,7 +52,7 @@ func TestBrokerCut10s(t *testing.T) {
 				return nil, nil, false
 			})
 			cut.Store(true)
-			hold(10 * time.Second)
+			hold(20 * time.Second)
 			cut.Store(false)
 			h.produceN(5000, poisoned)
 			h.waitApplied(90 * time.Second)
@@ -54,20 +63,48 @@ func TestBrokerCut10s(t *testing.T) {
 	}
 }
 
-func TestPostgresCut10s(t *testing.T) {
+// TestPostgresCut15s cuts the database for 15 s (the DLQ issue asks 15 s,
+// the fault suite 10 s) while a backlog larger than the buffer bound
+// arrives: partitions pause (memory stays bounded), no good record is
+// dead-lettered, and everything is applied once after the database is back.
+func TestPostgresCut15s(t *testing.T) {
 	h := newHarness(t, 12, config.ModeExactlyOnce)
 	stop := h.storedWatch()
+	cfg := h.cfg
+	cfg.Processing.MaxBufferedPerPartition = 1000
+	reg := prometheus.NewRegistry()
 	h.produceN(5000, poisoned)
-	r := h.start(h.cfg)
+	r := h.startWith(cfg, reg)
 	h.waitApplied(60 * time.Second)
 	h.proxy.Cut()
-	h.produceN(5000, poisoned) // arrives while the database is gone
-	hold(10 * time.Second)
+	h.produceN(36000, poisoned) // arrives while the database is gone: 3,000 a partition
+	testenv.Eventually(t, 15*time.Second, func() bool { return gauge(reg, "ratchet_paused_partitions") > 0 },
+		"partitions paused while the database is down")
+	hold(15 * time.Second)
+	if p := gauge(reg, "ratchet_paused_partitions"); p == 0 {
+		t.Error("no partition paused during the outage: buffers are not bounded")
+	}
 	h.proxy.Restore()
-	h.waitApplied(90 * time.Second)
+	h.waitApplied(120 * time.Second)
+	testenv.Eventually(t, 30*time.Second, func() bool { return gauge(reg, "ratchet_paused_partitions") == 0 },
+		"partitions resumed")
 	r.stop(t)
 	stop()
 	h.check(false)
+}
+
+// gauge sums a gauge family of reg.
+func gauge(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 func TestPostgresSlow200ms(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -200,6 +201,10 @@ type run struct {
 }
 
 func (h *harness) start(cfg config.Config) *run {
+	return h.startWith(cfg, nil)
+}
+
+func (h *harness) startWith(cfg config.Config, reg *prometheus.Registry) *run {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &run{cancel: cancel, done: make(chan error, 1)}
 	var w io.Writer = io.Discard
@@ -207,7 +212,9 @@ func (h *harness) start(cfg config.Config) *run {
 		w = os.Stderr
 	}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	go func() { r.done <- engine.Run(ctx, cfg, engine.Options{Processor: ledger{}, Logger: log}) }()
+	go func() {
+		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: ledger{}, Logger: log, Registry: reg})
+	}()
 	h.t.Cleanup(func() { r.stop(h.t) })
 	return r
 }
