@@ -4,7 +4,7 @@ GO    ?= go
 BIN   ?= bin/ratchet
 PKGS  := ./...
 
-.PHONY: run test vet build clean
+.PHONY: run test vet build clean soak
 
 ## run: start PostgreSQL if needed, then `ratchet dev` (broker, demo producer, engine, page).
 run:
@@ -27,3 +27,7 @@ clean:
 
 include proto.mk
 include mk/image.mk
+
+## soak: 10 minutes under load with a chaos event every 30 s (RATCHET_SOAK_DURATION to change).
+soak:
+	RATCHET_SOAK=1 $(GO) test -count=1 -timeout 40m -run TestSoak -v ./test/faults/
