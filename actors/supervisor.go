@@ -51,6 +51,8 @@ type SupervisorConfig struct {
 	// DLQTopic returns the dead-letter topic of an input topic.
 	DLQTopic  func(topic string) string
 	Committer *actor.PID
+	// GroupID is kafka.group_id, for the group-size check.
+	GroupID string
 	// InstanceID is kafka.instance_id (static membership), for messages.
 	InstanceID string
 	// RecycleInterval rebuilds the consumer this often (drain and flush
@@ -89,9 +91,12 @@ type Supervisor struct {
 	overBudget chan TopicPartition
 	board      *Board
 	current    atomic.Pointer[kafka.Consumer] // the consumer whose callbacks count
-	downSince  time.Time                      // first all-brokers-down since the last record
-	lastSnap   time.Time
-	lastRecs   map[TopicPartition]int64
+	// groupCheck runs the group-size check; groupCheckBusy keeps it to one.
+	groupCheck     sync.WaitGroup
+	groupCheckBusy atomic.Bool
+	downSince      time.Time // first all-brokers-down since the last record
+	lastSnap       time.Time
+	lastRecs       map[TopicPartition]int64
 }
 
 // assigned is the poll loop's record of one assigned partition.
@@ -469,6 +474,48 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.cfg.Logger.Warn("no partitions assigned to this instance after a rebalance",
 			"hint", "a group with more members than input partitions leaves the extra members idle")
 	}
+	s.checkGroupSize(c)
+}
+
+// checkGroupSize warns when the group has more members than the input
+// topics have partitions: the extra members idle. librdkafka does not tell a
+// consumer its group's size, so this asks the coordinator, off the poll
+// loop, one check at a time; closeConsumer waits for it (the admin client
+// shares the consumer's handle and must not outlive it).
+func (s *Supervisor) checkGroupSize(c *kafka.Consumer) {
+	if s.cfg.GroupID == "" || !s.groupCheckBusy.CompareAndSwap(false, true) {
+		return
+	}
+	admin, err := kafka.NewAdminClientFromConsumer(c)
+	if err != nil {
+		s.groupCheckBusy.Store(false)
+		return
+	}
+	topics := append([]string(nil), s.cfg.Topics...)
+	s.groupCheck.Go(func() { // ends within the 10 s deadline of its requests
+		defer s.groupCheckBusy.Store(false)
+		defer admin.Close() // derived from the consumer: does not close it
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		partitions := 0
+		for _, t := range topics {
+			md, err := admin.GetMetadata(&t, false, 10000)
+			if err != nil {
+				return
+			}
+			partitions += len(md.Topics[t].Partitions)
+		}
+		res, err := admin.DescribeConsumerGroups(ctx, []string{s.cfg.GroupID})
+		if err != nil {
+			return
+		}
+		for _, g := range res.ConsumerGroupDescriptions {
+			if g.Error.Code() == kafka.ErrNoError && partitions > 0 && len(g.Members) > partitions {
+				s.cfg.Logger.Warn("consumer group has more members than input partitions; the extra members idle",
+					"group", g.GroupID, "members", len(g.Members), "partitions", partitions)
+			}
+		}
+	})
 }
 
 type startOffset struct {
@@ -658,6 +705,7 @@ func (s *Supervisor) closeConsumer() {
 	if c == nil {
 		return
 	}
+	s.groupCheck.Wait()
 	done := make(chan error, 1)
 	go func() { done <- c.Close() }() // ends when Close returns; abandoned on timeout
 	select {

@@ -188,6 +188,7 @@ func (e *engine) run(ctx context.Context) error {
 		Committer:        committer,
 		DrainTimeout:     cfg.Shutdown.Timeout,
 		InstanceID:       cfg.Kafka.InstanceID,
+		GroupID:          cfg.Kafka.GroupID,
 		RecycleInterval:  cfg.Kafka.RecycleInterval,
 		BrokersDownAfter: 2 * time.Minute,
 		MaxRestarts:      cfg.Supervision.MaxRestarts,

@@ -298,3 +298,29 @@ func TestStaticMemberRestartReplaysNothing(t *testing.T) {
 	b.stop(t)
 	assertLedgerExactlyOnce(t, pool, s.sent.Load())
 }
+
+func TestWarnsWhenMembersOutnumberPartitions(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 2, topic)
+	dbURL := testenv.Postgres(t)
+	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	logs := &lockedBuffer{}
+	var rs []*running
+	for range 3 {
+		rs = append(rs, runWithLogs(t, cfg, ledger{"x"}, prometheus.NewRegistry(), logs))
+	}
+	waitMembers(t, cluster, cfg.Kafka.GroupID, 3)
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		return len(logs.lines(`"msg":"consumer group has more members than input partitions; the extra members idle"`)) > 0
+	}, "a warning about the idle member")
+	for _, l := range logs.lines(`"msg":"consumer group has more members than input partitions`) {
+		if !strings.Contains(l, `"members":3`) || !strings.Contains(l, `"partitions":2`) {
+			t.Errorf("warning should give the counts: %s", l)
+		}
+	}
+	if len(logs.lines(`"msg":"input topic"`)) == 0 {
+		t.Error("the input topic's partition count was not logged at start")
+	}
+	for _, r := range rs {
+		r.stop(t)
+	}
+}
