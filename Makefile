@@ -4,16 +4,23 @@ GO    ?= go
 BIN   ?= bin/ratchet
 PKGS  := ./...
 
-.PHONY: run test vet build clean soak
+.PHONY: run test vet build clean soak fuzz
 
 ## run: start PostgreSQL if needed, then `ratchet dev` (broker, demo producer, engine, page).
 run:
 	@bash scripts/dev-postgres.sh
 	$(GO) run ./cmd/ratchet dev
 
-## test: vet, the proto drift check, and every test (integration included) with the race detector.
+## test: vet, the proto drift check, every test (integration included) with the race detector, a short fuzz pass.
 test: vet proto-check
 	$(GO) test -race -count=1 -timeout 45m $(PKGS)
+	FUZZTIME=$(FUZZTIME) bash scripts/fuzz-short.sh
+
+FUZZTIME ?= 5s
+
+## fuzz: every fuzz target for FUZZTIME (default 5s in make test; try FUZZTIME=5m).
+fuzz:
+	FUZZTIME=$(FUZZTIME) bash scripts/fuzz-short.sh
 
 vet:
 	$(GO) vet $(PKGS)

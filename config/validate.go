@@ -36,17 +36,29 @@ type Problem struct {
 // Error returns the problem as one line: the key (and variable), then the
 // quoted value, then what is allowed.
 func (p Problem) Error() string {
-	name := p.Key
+	name := safeName(p.Key)
 	switch {
 	case p.Key == "":
-		name = p.Env
+		name = safeName(p.Env)
 	case p.Env != "":
-		name = p.Key + " (" + p.Env + ")"
+		name = safeName(p.Key) + " (" + safeName(p.Env) + ")"
 	}
 	if p.Reason != "" {
 		return name + ": " + p.Reason
 	}
 	return fmt.Sprintf("%s: %q is not allowed (allowed: %s)", name, p.Value, p.Allowed)
+}
+
+// safeName quotes a key or variable name that holds anything but the
+// characters real names use, so that an unknown name with a newline or
+// control characters in it cannot break the one-line-per-problem output.
+func safeName(s string) string {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' || r == '/') {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // Error is a configuration that cannot be used, with every problem found.

@@ -55,7 +55,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	return e.run(ctx)
+	err = e.run(ctx)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Stopped while starting (migrations, topic checks): a clean stop,
+		// nothing was consumed yet.
+		e.log.Info("engine stopped while starting", "reason", err.Error())
+		return nil
+	}
+	return err
 }
 
 type engine struct {

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# fuzz-short.sh runs every Go fuzz target in the repository for a short
+# while each, and fails when any of them fails. It is the fuzz pass of
+# `make test` and CI; the seed corpora (testdata/fuzz) run with every plain
+# `go test` already.
+#
+#   scripts/fuzz-short.sh             every target, FUZZTIME each (default 10s)
+#   FUZZTIME=1m scripts/fuzz-short.sh
+#
+# Targets are found with grep: every `func FuzzXxx(` in a *_test.go file.
+# A failing input is written by `go test` under the package's
+# testdata/fuzz/FuzzXxx/; commit it with the fix so it stays a regression
+# test.
+#
+# Environment:
+#   FUZZTIME   -fuzztime of each target (default 10s)
+#   GO         go binary (default go)
+#
+# Exit status: 0 all passed, 1 a target failed or none were found.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+fuzztime=${FUZZTIME:-10s}
+go=${GO:-go}
+
+# "dir name" per target, sorted for a stable order.
+mapfile -t targets < <(
+	grep -rE --include='*_test.go' -o '^func Fuzz[A-Za-z0-9_]+\(' . |
+		sed -E 's#^\./(.*)/[^/]+_test\.go:func (Fuzz[A-Za-z0-9_]+)\($#\1 \2#; s#^\./[^/]+_test\.go:func (Fuzz[A-Za-z0-9_]+)\($#. \1#' |
+		grep -v '^\./\|/vendor/\|^vendor/' |
+		sort -u
+)
+if [[ ${#targets[@]} -eq 0 ]]; then
+	echo "fuzz-short: no fuzz targets found" >&2
+	exit 1
+fi
+
+failed=()
+for t in "${targets[@]}"; do
+	dir=${t% *}
+	name=${t#* }
+	echo "fuzz-short: ./$dir $name for $fuzztime"
+	if ! "$go" test -run='^$' -fuzz="^${name}\$" -fuzztime="$fuzztime" "./$dir"; then
+		failed+=("./$dir $name")
+	fi
+done
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+	echo "fuzz-short: failed:" >&2
+	printf '  %s\n' "${failed[@]}" >&2
+	exit 1
+fi
+echo "fuzz-short: ${#targets[@]} targets passed"

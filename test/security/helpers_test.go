@@ -1,0 +1,280 @@
+// Package security tests ratchet's security properties end to end: SASL and
+// TLS to Kafka through kafka.properties, PostgreSQL's sslmode, secrets kept
+// out of every log line, page and error, and the HTTP server's exposure
+// (loopback by default, read-only, bounded timeouts).
+package security
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"ratchet/config"
+	"ratchet/engine"
+	"ratchet/internal/testenv"
+	ratchetv1 "ratchet/messages/ratchet/v1"
+)
+
+const (
+	topic    = "events"
+	saslUser = "admin"
+	// saslPassword is planted in kafka.properties; no output may show it.
+	saslPassword = "s3cret-planted"
+	scram256     = "SCRAM-SHA-256"
+)
+
+// saslProps are the kafka.properties that authenticate as saslUser.
+func saslProps(password string) config.Properties {
+	return config.Properties{
+		"security.protocol": "SASL_PLAINTEXT",
+		"sasl.mechanism":    scram256,
+		"sasl.username":     saslUser,
+		"sasl.password":     password,
+	}
+}
+
+// testConfig is the configuration every test here starts from: no HTTP,
+// short drain.
+func testConfig(tb testing.TB, brokers, dbURL string, props config.Properties) config.Config {
+	tb.Helper()
+	cfg := config.Default()
+	cfg.Kafka.Brokers = []string{brokers}
+	cfg.Kafka.Topics = []string{topic}
+	cfg.Kafka.GroupID = "ratchet-security"
+	cfg.Kafka.Properties = props
+	cfg.Postgres.URL = config.SecretURL(dbURL)
+	cfg.HTTP.Addr = ""
+	cfg.Shutdown.Timeout = 10 * time.Second
+	cfg.Retry.InitialBackoff = 10 * time.Millisecond
+	cfg.Retry.MaxBackoff = 100 * time.Millisecond
+	if err := cfg.Validate(); err != nil {
+		tb.Fatalf("test config: %v", err)
+	}
+	return cfg
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers (the logger) and
+// readers (the test).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// debugLogger logs JSON at debug level to buf, and to stderr as well when
+// RATCHET_TEST_LOG is set.
+func debugLogger(buf *syncBuffer) *slog.Logger {
+	var w io.Writer = buf
+	if os.Getenv("RATCHET_TEST_LOG") != "" {
+		w = io.MultiWriter(buf, os.Stderr)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// running is one engine started by a test.
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+	logs   *syncBuffer
+	addr   string // HTTP address, when serving
+}
+
+// start runs the engine in the background with a debug JSON logger. When
+// cfg.HTTP.Addr is set it waits until the server listens. The engine is
+// stopped when the test ends.
+func start(tb testing.TB, cfg config.Config) *running {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan error, 1), logs: &syncBuffer{}}
+	addrs := make(chan string, 1)
+	go func() { // ends when the engine stops
+		r.done <- engine.Run(ctx, cfg, engine.Options{Logger: debugLogger(r.logs), Owner: "security",
+			OnListening: func(addr string) { addrs <- addr }})
+	}()
+	tb.Cleanup(func() { r.stop(tb) })
+	if cfg.HTTP.Addr == "" {
+		return r
+	}
+	select {
+	case r.addr = <-addrs:
+	case err := <-r.done:
+		r.cancel = nil
+		tb.Fatalf("engine stopped before listening: %v", err)
+	case <-time.After(60 * time.Second):
+		tb.Fatal("engine did not listen within 60s")
+	}
+	return r
+}
+
+// stop stops the engine gracefully and fails the test unless it stops
+// cleanly within a minute.
+func (r *running) stop(tb testing.TB) {
+	tb.Helper()
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		if err != nil {
+			tb.Errorf("engine stopped with error: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		tb.Fatal("engine did not stop within 60s")
+	}
+}
+
+// events makes n valid events, in distinct minute buckets of one metric.
+func events(n int) []*ratchetv1.Event {
+	base := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	out := make([]*ratchetv1.Event, n)
+	for i := range out {
+		out[i] = &ratchetv1.Event{Id: fmt.Sprintf("ev-%d", i), Metric: "page_view", Value: float64(i),
+			Time: timestamppb.New(base.Add(time.Duration(i) * time.Second))}
+	}
+	return out
+}
+
+// record is one raw record to produce.
+type record struct{ key, value []byte }
+
+// encode returns the records of evs plus poison records that no decoder
+// accepts.
+func encode(tb testing.TB, evs []*ratchetv1.Event, poison int) []record {
+	tb.Helper()
+	var out []record
+	for _, ev := range evs {
+		v, err := proto.Marshal(ev)
+		if err != nil {
+			tb.Fatalf("marshal: %v", err)
+		}
+		out = append(out, record{key: []byte(ev.Id), value: v})
+	}
+	for i := range poison {
+		out = append(out, record{key: fmt.Appendf(nil, "poison-%d", i), value: []byte("\xff\xff\xff\xff poison")})
+	}
+	return out
+}
+
+// produceAll writes recs to topic through a producer configured with props
+// (the same security settings as the engine) and waits for every delivery.
+func produceAll(tb testing.TB, brokers string, props config.Properties, recs []record) {
+	tb.Helper()
+	cm := kafka.ConfigMap{"bootstrap.servers": brokers, "linger.ms": 5, "acks": "all", "log_level": 3}
+	for k, v := range props {
+		cm[k] = v
+	}
+	p, err := kafka.NewProducer(&cm)
+	if err != nil {
+		tb.Fatalf("producer: %v", err)
+	}
+	defer p.Close()
+	deliveries := make(chan kafka.Event, len(recs))
+	t := topic
+	for _, r := range recs {
+		err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: kafka.PartitionAny},
+			Key: r.key, Value: r.value}, deliveries)
+		if err != nil {
+			tb.Fatalf("produce: %v", err)
+		}
+	}
+	timeout := time.After(60 * time.Second)
+	for range recs {
+		select {
+		case d := <-deliveries:
+			if m := d.(*kafka.Message); m.TopicPartition.Error != nil {
+				tb.Fatalf("delivery: %v", m.TopicPartition.Error)
+			}
+		case <-timeout:
+			tb.Fatal("deliveries did not arrive within 60s")
+		}
+	}
+}
+
+func openPool(tb testing.TB, url string) *pgxpool.Pool {
+	tb.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		tb.Fatalf("pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// count runs a one-number query; -1 when it fails (a table the engine has
+// not created yet).
+func count(pool *pgxpool.Pool, q string) int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var n int64
+	if err := pool.QueryRow(ctx, q).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+// waitApplied waits until the dashboard holds n events.
+func waitApplied(tb testing.TB, pool *pgxpool.Pool, n int64) {
+	tb.Helper()
+	testenv.Eventually(tb, 90*time.Second, func() bool {
+		return count(pool, `SELECT coalesce(sum(count), 0) FROM dashboard_rollups`) >= n
+	}, "%d events applied", n)
+}
+
+// waitDeadLettered waits until the dead-letter topic holds n records.
+func waitDeadLettered(tb testing.TB, c *kfake.Cluster, dlqTopic string, n int64) {
+	tb.Helper()
+	testenv.Eventually(tb, 90*time.Second, func() bool {
+		var got int64
+		for _, p := range c.PartitionInfos(dlqTopic) {
+			got += p.HighWatermark
+		}
+		return got >= n
+	}, "%d records in %s", n, dlqTopic)
+}
+
+// runUntil runs the engine until it returns or ctx is done. It returns
+// the engine's error and whether ctx ended first (the engine was still
+// running). An engine that does not return within a minute after ctx ends
+// fails the test.
+func runUntil(tb testing.TB, ctx context.Context, cfg config.Config, log *slog.Logger) (err error, stopped bool) {
+	tb.Helper()
+	done := make(chan error, 1)
+	go func() { done <- engine.Run(ctx, cfg, engine.Options{Logger: log, Owner: "security"}) }()
+	select {
+	case err := <-done:
+		return err, false
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-done:
+		return err, true
+	case <-time.After(60 * time.Second):
+		tb.Fatal("engine did not stop within 60s of its context ending")
+		return nil, true
+	}
+}
