@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/pprof"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+
+	"ratchet/config"
+	"ratchet/engine"
+	"ratchet/internal/kafkaclient"
+	"ratchet/internal/produce"
+	ratchetv1 "ratchet/messages/ratchet/v1"
+	"ratchet/processor"
+)
+
+// drainResult is one timed drain of a backlog.
+type drainResult struct {
+	Events int64
+	Wall   time.Duration // from start (subscribe / engine.Run) to the last record
+	Steady time.Duration // from the first record seen to the last
+}
+
+// Rate is events per second from the first record to the last, so group
+// join time is not counted.
+func (r drainResult) Rate() float64 {
+	if r.Steady <= 0 {
+		return 0
+	}
+	return float64(r.Events) / r.Steady.Seconds()
+}
+
+// preload writes n events to topic as fast as the producer goes.
+func preload(ctx context.Context, brokers []string, topic string, n int64, seed int64, log *slog.Logger) (time.Duration, error) {
+	start := time.Now()
+	st, err := produce.Run(ctx, produce.Options{Brokers: brokers, Topic: topic, Rate: 0, Count: n, Seed: seed}, log)
+	if err != nil {
+		return 0, fmt.Errorf("preload %s: %w", topic, err)
+	}
+	if st.Produced != n {
+		return 0, fmt.Errorf("preload %s: %d of %d delivered", topic, st.Produced, n)
+	}
+	return time.Since(start), nil
+}
+
+// drainCeiling drains topic with a bare Poll loop: ratchet's consumer
+// settings, no auto commit, nothing decoded, nothing written.
+func drainCeiling(ctx context.Context, brokers []string, topic, group string, n int64) (drainResult, error) {
+	m := kafkaclient.ConsumerConfig(kafkaclient.ConsumerOptions{Brokers: brokers, GroupID: group})
+	_ = m.SetKey("go.logs.channel.enable", false)
+	_ = m.SetKey("log_level", 3)
+	c, err := kafka.NewConsumer(m)
+	if err != nil {
+		return drainResult{}, fmt.Errorf("ceiling consumer: %w", err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if err := c.SubscribeTopics([]string{topic}, nil); err != nil {
+		return drainResult{}, fmt.Errorf("subscribe: %w", err)
+	}
+	var got int64
+	var first time.Time
+	deadline := time.Now().Add(10 * time.Minute)
+	for got < n {
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return drainResult{}, fmt.Errorf("ceiling: %d of %d after %s", got, n, time.Since(start))
+		}
+		switch ev := c.Poll(100).(type) {
+		case *kafka.Message:
+			if got == 0 {
+				first = time.Now()
+			}
+			got++
+		case kafka.Error:
+			if ev.IsFatal() {
+				return drainResult{}, fmt.Errorf("ceiling: %w", ev)
+			}
+		}
+	}
+	end := time.Now()
+	return drainResult{Events: got, Wall: end.Sub(start), Steady: end.Sub(first)}, nil
+}
+
+// noop is the at-least-once no-op processor.
+var noop = processor.Func{ProcessorName: "noop", Fn: func(context.Context, pgx.Tx, processor.Batch) error { return nil }}
+
+// engineConfig is the default configuration pointed at the bench broker and
+// database, with the HTTP server off.
+func engineConfig(brokers []string, dbURL, topic, group, mode string) config.Config {
+	cfg := config.Default()
+	cfg.Kafka.Brokers = brokers
+	cfg.Kafka.GroupID = group
+	cfg.Kafka.Topics = []string{topic}
+	cfg.Postgres.URL = config.SecretURL(dbURL)
+	cfg.HTTP.Addr = ""
+	cfg.Commit.Mode = mode
+	return cfg
+}
+
+// config is engineConfig for this run's broker and database, with the
+// run's overrides.
+func (e *benchEnv) config(brokers []string, topic, group, mode string) config.Config {
+	cfg := engineConfig(brokers, e.db.url, topic, group, mode)
+	if e.maxBuffered > 0 {
+		cfg.Processing.MaxBufferedPerPartition = e.maxBuffered
+	}
+	return cfg
+}
+
+// runningEngine is an in-process engine with its own metrics registry.
+type runningEngine struct {
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan error
+	start  time.Time
+}
+
+func startEngine(ctx context.Context, cfg config.Config, proc processor.Processor, log *slog.Logger) *runningEngine {
+	ctx, cancel := context.WithCancel(ctx)
+	e := &runningEngine{reg: prometheus.NewRegistry(), cancel: cancel, done: make(chan error, 1), start: time.Now()}
+	go func() { // ends when stop cancels ctx and the engine has drained
+		e.done <- engine.Run(ctx, cfg, engine.Options{Processor: proc, Logger: log, Registry: e.reg, Owner: "bench"})
+	}()
+	return e
+}
+
+// counter sums a counter family of the engine's registry.
+func (e *runningEngine) counter(name string) float64 {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Counter != nil:
+				sum += m.Counter.GetValue()
+			case m.Gauge != nil:
+				sum += m.Gauge.GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// waitRecords waits until ratchet_records_total reaches n; it returns when
+// the first record and the n-th were seen.
+func (e *runningEngine) waitRecords(ctx context.Context, n int64, timeout time.Duration) (first, last time.Time, err error) {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case err := <-e.done:
+			e.done <- err
+			return first, last, fmt.Errorf("engine stopped early: %v", err)
+		case <-ctx.Done():
+			return first, last, ctx.Err()
+		case now := <-t.C:
+			got := int64(e.counter("ratchet_records_total"))
+			if got > 0 && first.IsZero() {
+				first = now
+			}
+			if got >= n {
+				return first, now, nil
+			}
+			if now.After(deadline) {
+				return first, last, fmt.Errorf("%d of %d records after %s", got, n, timeout)
+			}
+		}
+	}
+}
+
+func (e *runningEngine) stop() error {
+	e.cancel()
+	select {
+	case err := <-e.done:
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		return err
+	case <-time.After(60 * time.Second):
+		return errors.New("engine did not stop within 60s")
+	}
+}
+
+// drainRatchet drains topic with the in-process engine in mode with proc
+// until every record was applied. With profile set it writes a CPU profile
+// of the drain there.
+func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string, proc processor.Processor, n int64, profile string) (drainResult, error) {
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return drainResult{}, fmt.Errorf("profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return drainResult{}, fmt.Errorf("profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	e := startEngine(ctx, env.config(env.brokers, topic, group, mode), proc, env.engineLog)
+	first, last, err := e.waitRecords(ctx, n, 10*time.Minute)
+	if serr := e.stop(); err == nil && serr != nil {
+		err = serr
+	}
+	if err != nil {
+		return drainResult{}, fmt.Errorf("ratchet %s: %w", mode, err)
+	}
+	return drainResult{Events: n, Wall: last.Sub(e.start), Steady: last.Sub(first)}, nil
+}
+
+// rollupCount returns sum(count) of dashboard_rollups.
+func rollupCount(ctx context.Context, env *benchEnv) (int64, error) {
+	var n int64
+	err := env.db.pool.QueryRow(ctx, "SELECT coalesce(sum(count),0)::bigint FROM dashboard_rollups").Scan(&n)
+	return n, err
+}
+
+const naiveSchema = `CREATE TABLE IF NOT EXISTS naive_rollups (
+	metric text NOT NULL, bucket timestamptz NOT NULL, count bigint NOT NULL, sum double precision NOT NULL,
+	PRIMARY KEY (metric, bucket))`
+
+const naiveUpsert = `INSERT INTO naive_rollups AS r (metric, bucket, count, sum) VALUES ($1, $2, 1, $3)
+	ON CONFLICT (metric, bucket) DO UPDATE SET count = r.count + 1, sum = r.sum + EXCLUDED.sum`
+
+// naiveConfig is what a hand-written consumer uses: librdkafka's defaults
+// (auto commit, auto offset store) and earliest.
+func naiveConfig(brokers []string, group, instanceID string) *kafka.ConfigMap {
+	m := &kafka.ConfigMap{
+		"bootstrap.servers":  brokers[0],
+		"group.id":           group,
+		"auto.offset.reset":  "earliest",
+		"enable.auto.commit": true,
+		"log_level":          3,
+	}
+	if instanceID != "" {
+		_ = m.SetKey("group.instance.id", instanceID)
+	}
+	return m
+}
+
+// drainNaive runs the naive loop for d from its first record: Poll, decode,
+// one autocommit upsert per record.
+func drainNaive(ctx context.Context, env *benchEnv, topic, group string, d time.Duration) (drainResult, error) {
+	conn, err := pgx.Connect(ctx, env.db.url)
+	if err != nil {
+		return drainResult{}, fmt.Errorf("naive connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, naiveSchema); err != nil {
+		return drainResult{}, fmt.Errorf("naive schema: %w", err)
+	}
+	c, err := kafka.NewConsumer(naiveConfig(env.brokers, group, ""))
+	if err != nil {
+		return drainResult{}, fmt.Errorf("naive consumer: %w", err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if err := c.SubscribeTopics([]string{topic}, nil); err != nil {
+		return drainResult{}, fmt.Errorf("subscribe: %w", err)
+	}
+	var got int64
+	var first time.Time
+	for first.IsZero() || time.Since(first) < d {
+		if ctx.Err() != nil || time.Since(start) > d+2*time.Minute {
+			return drainResult{}, fmt.Errorf("naive: %d records after %s", got, time.Since(start))
+		}
+		msg, ok := c.Poll(100).(*kafka.Message)
+		if !ok {
+			continue
+		}
+		if first.IsZero() {
+			first = time.Now()
+		}
+		var ev ratchetv1.Event
+		if err := proto.Unmarshal(msg.Value, &ev); err != nil || ev.GetTime() == nil {
+			continue
+		}
+		bucket := ev.GetTime().AsTime().UTC().Truncate(time.Minute)
+		if _, err := conn.Exec(ctx, naiveUpsert, ev.GetMetric(), bucket, ev.GetValue()); err != nil {
+			return drainResult{}, fmt.Errorf("naive upsert: %w", err)
+		}
+		got++
+	}
+	end := time.Now()
+	return drainResult{Events: got, Wall: end.Sub(start), Steady: end.Sub(first)}, nil
+}

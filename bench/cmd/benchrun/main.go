@@ -1,0 +1,299 @@
+// Command benchrun is `make bench`: it starts `ratchet broker` as a separate
+// process and a fresh PostgreSQL database, preloads a backlog, and measures,
+// side by side in one run, the drain throughput of a bare consumer, of
+// ratchet in both commit modes and of the naive per-record loop; latency at
+// a steady rate; the peak memory of `ratchet run`; the OffsetCommit load on
+// the broker; and replays and losses through SIGTERM/restart cycles. It
+// prints a table and writes it, with the machine and versions, to
+// bench/results.md.
+//
+// The subcommands worker-naive and worker-ratchet are the processes the
+// restart cycles start; they are not meant to be run by hand.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"ratchet/config"
+	"ratchet/processor/dashboard"
+)
+
+// benchEnv is what every measurement shares.
+type benchEnv struct {
+	ratchetBin string
+	brokers    []string
+	db         *database
+	engineLog  *slog.Logger
+	outDir     string
+	// maxBuffered overrides processing.max_buffered_per_partition when > 0.
+	maxBuffered int
+}
+
+func (e *benchEnv) outPath(name string) string { return filepath.Join(e.outDir, name) }
+
+func main() {
+	if len(os.Args) > 1 {
+		if worker, ok := workers[os.Args[1]]; ok {
+			if err := worker(os.Args[2:]); err != nil {
+				fmt.Fprintln(os.Stderr, "worker:", err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// workers are the subcommands the restart cycles start.
+var workers = map[string]func(args []string) error{
+	"worker-naive":   naiveWorker,
+	"worker-ratchet": ratchetWorker,
+}
+
+// options are benchrun's flags.
+type options struct {
+	ratchetBin   string
+	events       int64
+	memSmall     int64
+	memLarge     int64
+	rounds       int
+	naiveFor     time.Duration
+	latRate      float64
+	latFor       time.Duration
+	cycles       int
+	cycleRun     time.Duration
+	out          string
+	outDir       string
+	pgAdmin      string
+	command      string
+	skipRewinds  bool
+	forceProfile bool
+	maxBuffered  int
+}
+
+func run(ctx context.Context) error {
+	var o options
+	flag.StringVar(&o.ratchetBin, "ratchet", "bin/ratchet", "the ratchet binary built from this repository")
+	flag.Int64Var(&o.events, "events", 1_000_000, "drain backlog size")
+	flag.Int64Var(&o.memSmall, "mem-small", 200_000, "small memory backlog")
+	flag.Int64Var(&o.memLarge, "mem-large", 2_000_000, "large memory backlog")
+	flag.IntVar(&o.rounds, "rounds", 3, "interleaved drain rounds (the median is reported)")
+	flag.DurationVar(&o.naiveFor, "naive-for", 15*time.Second, "how long the naive loop runs per round")
+	flag.Float64Var(&o.latRate, "latency-rate", 20000, "steady rate of the latency run")
+	flag.DurationVar(&o.latFor, "latency-for", 20*time.Second, "length of the latency run")
+	flag.IntVar(&o.cycles, "cycles", 10, "SIGTERM/restart cycles per contestant")
+	flag.DurationVar(&o.cycleRun, "cycle-run", 6*time.Second, "how long each instance runs before SIGTERM")
+	flag.StringVar(&o.out, "out", "bench/results.md", "results file")
+	flag.StringVar(&o.outDir, "out-dir", "bench/out", "logs and profiles")
+	flag.StringVar(&o.pgAdmin, "postgres", envOr("RATCHET_BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		"URL of an existing database on the server to create the bench database on")
+	flag.StringVar(&o.command, "command", "", "the command line to record in the results")
+	flag.BoolVar(&o.skipRewinds, "skip-rewinds", false, "skip the restart cycles")
+	flag.BoolVar(&o.forceProfile, "profile", false, "profile ratchet's drains even when the targets are met")
+	flag.IntVar(&o.maxBuffered, "max-buffered", 0, "processing.max_buffered_per_partition for every ratchet run (0: the default)")
+	flag.Parse()
+	if o.command == "" {
+		o.command = fmt.Sprint(os.Args)
+	}
+	if err := os.MkdirAll(o.outDir, 0o755); err != nil {
+		return err
+	}
+	logFile, err := os.Create(filepath.Join(o.outDir, "bench.log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	engineLog := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	say := func(format string, args ...any) {
+		line := fmt.Sprintf("%s  "+format, append([]any{time.Now().Format("15:04:05")}, args...)...)
+		fmt.Println(line)
+		fmt.Fprintln(logFile, line)
+	}
+	began := time.Now()
+	rep := &report{opts: o, began: began}
+	rep.machine = machineInfo()
+
+	rwTopics := []string{"rw-naive", "rw-naive-commit", "rw-ratchet"}
+	topics := []string{"events", "events.dlq", "lat", "lat.dlq", "mem-s", "mem-s.dlq", "mem-l", "mem-l.dlq"}
+	topics = append(topics, rwTopics...)
+	brokerLog, err := os.Create(filepath.Join(o.outDir, "broker.log"))
+	if err != nil {
+		return err
+	}
+	defer brokerLog.Close()
+	b, err := startBroker(ctx, o.ratchetBin, topics, 12, brokerLog)
+	if err != nil {
+		return err
+	}
+	defer b.stop()
+	say("broker %s (pid %d, `%s broker`)", b.addr, b.cmd.Process.Pid, o.ratchetBin)
+	db, err := createDatabase(ctx, o.pgAdmin)
+	if err != nil {
+		return err
+	}
+	defer db.drop(context.Background())
+	say("database %s", db.name)
+	rep.pgVersion = pgVersion(ctx, db)
+	env := &benchEnv{ratchetBin: o.ratchetBin, brokers: []string{b.addr}, db: db, engineLog: engineLog, outDir: o.outDir,
+		maxBuffered: o.maxBuffered}
+
+	// 1. Backlogs.
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, bl := range []struct {
+		topic string
+		n     int64
+	}{{"events", o.events}, {"mem-s", o.memSmall}, {"mem-l", o.memLarge}} {
+		d, err := preload(ctx, env.brokers, bl.topic, bl.n, 1, quiet)
+		if err != nil {
+			return err
+		}
+		say("preloaded %d events to %s in %s (%.0f/s)", bl.n, bl.topic, d.Round(time.Millisecond), float64(bl.n)/d.Seconds())
+		rep.preload = append(rep.preload, fmt.Sprintf("%d events to `%s` in %s (%.0f events/s)", bl.n, bl.topic, d.Round(time.Millisecond), float64(bl.n)/d.Seconds()))
+	}
+	rep.brokerRSS = b.rssMiB()
+	say("broker RSS after preload: %.0f MiB", rep.brokerRSS)
+
+	// 2. Drains, interleaved.
+	for r := 1; r <= o.rounds; r++ {
+		a, err := drainCeiling(ctx, env.brokers, "events", fmt.Sprintf("bench-a-%d", r), o.events)
+		if err != nil {
+			return err
+		}
+		say("round %d (a) ceiling:           %9.0f events/s (wall %s)", r, a.Rate(), a.Wall.Round(time.Millisecond))
+		bres, err := drainRatchet(ctx, env, "events", fmt.Sprintf("bench-b-%d", r), config.ModeAtLeastOnce, noop, o.events, "")
+		if err != nil {
+			return err
+		}
+		say("round %d (b) at-least-once noop: %9.0f events/s (wall %s)", r, bres.Rate(), bres.Wall.Round(time.Millisecond))
+		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
+			return err
+		}
+		c, err := drainRatchet(ctx, env, "events", fmt.Sprintf("bench-c-%d", r), config.ModeExactlyOnce, dashboard.New(), o.events, "")
+		if err != nil {
+			return err
+		}
+		if got, err := rollupCount(ctx, env); err != nil || got != o.events {
+			return fmt.Errorf("round %d (c): sum(count) in dashboard_rollups is %d, want %d (%v)", r, got, o.events, err)
+		}
+		say("round %d (c) exactly-once dash:  %9.0f events/s (wall %s), sum(count)=%d", r, c.Rate(), c.Wall.Round(time.Millisecond), o.events)
+		d, err := drainNaive(ctx, env, "events", fmt.Sprintf("bench-d-%d", r), o.naiveFor)
+		if err != nil {
+			return err
+		}
+		say("round %d (d) naive loop:         %9.0f events/s (%d in %s)", r, d.Rate(), d.Events, d.Steady.Round(time.Millisecond))
+		rep.rounds = append(rep.rounds, round{a: a, b: bres, c: c, d: d})
+	}
+
+	// Profiles where a throughput target is missed.
+	med := rep.medians()
+	if o.forceProfile || med.b < 0.9*med.a {
+		p := env.outPath("cpu-at-least-once.pprof")
+		if _, err := drainRatchet(ctx, env, "events", "bench-b-prof", config.ModeAtLeastOnce, noop, o.events, p); err != nil {
+			return err
+		}
+		rep.profiles = append(rep.profiles, profileTop("(b) at-least-once, no-op", p))
+		say("profiled (b): %s", p)
+	}
+	if o.forceProfile || med.c < 0.7*med.a {
+		p := env.outPath("cpu-exactly-once.pprof")
+		if _, err := drainRatchet(ctx, env, "events", "bench-c-prof", config.ModeExactlyOnce, dashboard.New(), o.events, p); err != nil {
+			return err
+		}
+		rep.profiles = append(rep.profiles, profileTop("(c) exactly-once, dashboard", p))
+		say("profiled (c): %s", p)
+	}
+
+	// 3. Latency.
+	lat, err := measureLatency(ctx, env, "lat", "bench-lat", o.latRate, o.latFor, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	rep.latency = lat
+	say("latency at %.0f events/s: p50 %s p99 %s max %s (histogram p50 %s p99 %s)", lat.Rate,
+		ms(lat.P50), ms(lat.P99), ms(lat.Max), ms(lat.HistP50), ms(lat.HistP99))
+
+	// 4. Memory.
+	small, err := measureMemory(ctx, env, "mem-s", "bench-mem-s", o.memSmall)
+	if err != nil {
+		return err
+	}
+	say("ratchet run, %d backlog: peak RSS %.1f MiB (drained in %s)", small.Events, small.PeakMiB, small.Elapsed.Round(time.Millisecond))
+	large, err := measureMemory(ctx, env, "mem-l", "bench-mem-l", o.memLarge)
+	if err != nil {
+		return err
+	}
+	say("ratchet run, %d backlog: peak RSS %.1f MiB (drained in %s)", large.Events, large.PeakMiB, large.Elapsed.Round(time.Millisecond))
+	rep.memSmall, rep.memLarge = small, large
+
+	// 5. Commit load.
+	for _, rate := range []float64{1000, 50000} {
+		cr, err := measureCommits(ctx, env, rate, 5*time.Second, 10*time.Second, fmt.Sprintf("bench-commits-%.0f", rate))
+		if err != nil {
+			return err
+		}
+		say("commit load at %.0f events/s (applied %.0f/s): %d OffsetCommit in %s = %.2f/s", rate, cr.AchievedRate,
+			cr.Commits, cr.Window.Round(time.Millisecond), cr.PerSecond())
+		rep.commits = append(rep.commits, cr)
+	}
+
+	// 6. Rewinds.
+	if !o.skipRewinds {
+		rate := min(max(0.5*med.d, 200), 2000)
+		rep.rewindRate = rate
+		for _, ct := range []contestant{
+			{name: "naive", args: []string{"worker-naive"}},
+			{name: "naive-commit", args: []string{"worker-naive", "-commit-before-close"}},
+			{name: "ratchet", args: []string{"worker-ratchet"}},
+		} {
+			rr, err := measureRewinds(ctx, env, ct, rate, o.cycles, o.cycleRun)
+			if err != nil {
+				return err
+			}
+			say("rewinds %-13s produced %d, applied %d: replayed %d, lost %d", ct.name, rr.Produced, rr.Applied, rr.Replayed(), rr.Lost())
+			rep.rewinds = append(rep.rewinds, rr)
+		}
+	}
+
+	rep.elapsed = time.Since(began)
+	table := rep.table()
+	fmt.Println()
+	fmt.Println(table)
+	if err := os.WriteFile(o.out, []byte(rep.markdown(table)), 0o644); err != nil {
+		return err
+	}
+	say("wrote %s (%s in all)", o.out, rep.elapsed.Round(time.Second))
+	return nil
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

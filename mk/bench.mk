@@ -1,0 +1,19 @@
+# make bench: whole-pipeline figures against `ratchet broker` (a separate
+# process) and the local PostgreSQL, compared side by side in one run.
+# Results go to bench/results.md; logs and profiles to bench/out/.
+# BENCH_EVENTS sizes the drain backlog, BENCH_MEM_LARGE the large memory
+# backlog; BENCH_FLAGS passes anything else to bench/cmd/benchrun.
+GO              ?= go
+BENCH_EVENTS    ?= 1000000
+BENCH_MEM_LARGE ?= 2000000
+BENCH_FLAGS     ?=
+
+.PHONY: bench
+
+## bench: throughput, latency, memory, commit load and restart cycles (~10 minutes); writes bench/results.md.
+bench:
+	$(GO) build -o bin/ratchet ./cmd/ratchet
+	$(GO) build -o bin/benchrun ./bench/cmd/benchrun
+	bin/benchrun -ratchet bin/ratchet -events $(BENCH_EVENTS) -mem-large $(BENCH_MEM_LARGE) \
+		-out bench/results.md -out-dir bench/out \
+		-command "make bench BENCH_EVENTS=$(BENCH_EVENTS) BENCH_MEM_LARGE=$(BENCH_MEM_LARGE) $(BENCH_FLAGS)" $(BENCH_FLAGS)
