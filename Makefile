@@ -34,6 +34,7 @@ clean:
 
 include proto.mk
 include mk/image.mk
+include mk/bench.mk
 
 ## soak: 10 minutes under load with a chaos event every 30 s (RATCHET_SOAK_DURATION to change).
 soak:

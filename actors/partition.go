@@ -79,7 +79,10 @@ type Partition struct {
 	cfg   *PartitionConfig
 	state *partitionState
 
-	queue      []entry
+	// queue holds the records read and not yet in a batch, undecoded:
+	// decoding happens when a batch is cut, so a full buffer costs the raw
+	// records only.
+	queue      []*kafka.Message
 	firstAt    time.Time // arrival of queue[0]
 	lastQueued int64     // offset after the last queued record
 	inFlight   *processor.Batch
@@ -187,7 +190,7 @@ func (p *Partition) enqueue(c actor.Context, msg *Records) {
 		if len(p.queue) == 0 {
 			p.firstAt = time.Now()
 		}
-		p.queue = append(p.queue, p.decode(m))
+		p.queue = append(p.queue, m)
 	}
 	p.release(dropped)
 	p.maybeDispatch(c, false)
@@ -227,18 +230,22 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 		Topic:     p.cfg.TP.Topic,
 		Partition: p.cfg.TP.Partition,
 		Start:     p.state.next,
-		Next:      take[n-1].rec.Offset + 1,
+		Next:      int64(take[n-1].TopicPartition.Offset) + 1,
 		Records:   make([]processor.Record, 0, n),
 	}
 	var poison []deadLetter
-	for _, e := range take {
+	for _, m := range take {
+		e := p.decode(m)
 		if e.poison != nil {
 			poison = append(poison, deadLetter{rec: e.rec, err: e.poison})
 			continue
 		}
 		b.Records = append(b.Records, e.rec)
 	}
-	p.queue = append(p.queue[:0:0], p.queue[n:]...)
+	// Drop the taken records without copying the rest: clear the slots so
+	// the garbage collector can free them, and reslice.
+	clear(take)
+	p.queue = p.queue[n:]
 	if len(p.queue) > 0 {
 		p.firstAt = time.Now()
 	}

@@ -2,11 +2,16 @@ package faults
 
 import (
 	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os"
-	"runtime"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,8 +36,12 @@ func TestSoak(t *testing.T) {
 		duration = d
 	}
 	h := newHarness(t, 12, config.ModeExactlyOnce)
+	h.rollups = true
 	stop := h.storedWatch()
-	r := h.start(h.cfg)
+	// The engine under watch runs as its own process, so that its
+	// goroutines, memory and files are measured apart from the broker and
+	// the test's bookkeeping.
+	p := h.startProcess()
 	h.produceN(5000, poisoned)
 	h.waitApplied(60 * time.Second)
 
@@ -55,7 +64,7 @@ func TestSoak(t *testing.T) {
 			f := h.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Err: kerr.CoordinatorLoadInProgress, Count: -1})
 			return f.Remove
 		}},
-		{"member joins and leaves", func() func() { m := h.start(h.cfg); return func() { m.stop(t) } }},
+		{"member joins and leaves", func() func() { m := h.startProcess(); return func() { m.stop(t) } }},
 	}
 	var baseline sample
 	end := time.Now().Add(duration)
@@ -71,14 +80,14 @@ func TestSoak(t *testing.T) {
 		}
 		h.waitApplied(120 * time.Second)
 		time.Sleep(15 * time.Second) // the rest of the 30 s period, under no chaos
-		s := takeSample()
+		s := p.sample(t)
 		if i == len(chaos)-1 {
 			baseline = s // after one full round everything has warmed up
 		}
 		t.Logf("goroutines %d, rss %d MiB, fds %d", s.goroutines, s.rssKiB/1024, s.fds)
 	}
-	final := takeSample()
-	r.stop(t)
+	final := p.sample(t)
+	p.stop(t)
 	stop()
 	h.check(false)
 	if baseline.goroutines > 0 {
@@ -100,20 +109,99 @@ type sample struct {
 	fds        int
 }
 
-func takeSample() sample {
-	s := sample{goroutines: runtime.NumGoroutine()}
-	if raw, err := os.ReadFile("/proc/self/status"); err == nil {
+// proc is a ratchet process started by the test.
+type proc struct {
+	cmd     *exec.Cmd
+	done    chan error
+	metrics string // http://addr/metrics
+}
+
+func (h *harness) startProcess() *proc {
+	h.t.Helper()
+	bin := filepath.Join(h.t.TempDir(), "ratchet")
+	build := exec.Command("go", "build", "-o", bin, "ratchet/cmd/ratchet")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		h.t.Fatalf("build: %v", err)
+	}
+	port := freePort(h.t)
+	cmd := exec.Command(bin, "run")
+	cmd.Env = append(os.Environ(), "RATCHET_KAFKA_BROKERS="+h.addr, "RATCHET_POSTGRES_URL="+h.cfg.Postgres.URL.Reveal(),
+		"RATCHET_KAFKA_GROUP_ID="+h.cfg.Kafka.GroupID, "RATCHET_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port),
+		"RATCHET_RETRY_MAX_BACKOFF=2s", "RATCHET_LOG_LEVEL=warn")
+	logPath := filepath.Join(h.t.TempDir(), "ratchet.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() {
+		if h.t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			if len(out) > 4000 {
+				out = out[len(out)-4000:]
+			}
+			h.t.Logf("ratchet log tail:\n%s", out)
+		}
+	})
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, done: make(chan error, 1), metrics: "http://127.0.0.1:" + strconv.Itoa(port) + "/metrics"}
+	go func() { p.done <- cmd.Wait(); logf.Close() }() // ends when the process exits
+	h.t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return p
+}
+
+func (p *proc) stop(t *testing.T) {
+	t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("ratchet exited with %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Error("ratchet did not stop within 60s")
+	}
+}
+
+// sample reads the process's goroutines (from /metrics), RSS and open files.
+func (p *proc) sample(t *testing.T) sample {
+	t.Helper()
+	var s sample
+	pid := strconv.Itoa(p.cmd.Process.Pid)
+	if raw, err := os.ReadFile("/proc/" + pid + "/status"); err == nil {
 		for _, line := range strings.Split(string(raw), "\n") {
-			if strings.HasPrefix(line, "VmRSS:") {
-				f := strings.Fields(line)
-				if len(f) >= 2 {
-					s.rssKiB, _ = strconv.ParseInt(f[1], 10, 64)
-				}
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+				s.rssKiB, _ = strconv.ParseInt(f[1], 10, 64)
 			}
 		}
 	}
-	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+	if ents, err := os.ReadDir("/proc/" + pid + "/fd"); err == nil {
 		s.fds = len(ents)
 	}
+	resp, err := http.Get(p.metrics)
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "go_goroutines ") {
+			v, _ := strconv.ParseFloat(strings.TrimPrefix(line, "go_goroutines "), 64)
+			s.goroutines = int(v)
+		}
+	}
 	return s
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
