@@ -36,7 +36,7 @@ const (
 	dockerignore   = ".dockerignore"
 	imageMakefile  = "mk/image.mk"
 	k8sDir         = "deploy/k8s"
-	containersDoc  = "docs/containers.md"
+	containersDoc  = "README.md" // its container section
 	partitionsNote = "ratchet/partitions"
 	// httpShutdown is how long the HTTP server waits for open requests
 	// after the drain (internal/web: shutdownTimeout).
@@ -47,6 +47,9 @@ const (
 // configuration keys, with the reason.
 var notConfig = map[string]string{
 	"RATCHET_HTTP_SERVICE_HOST": "a Kubernetes service link variable, named where enableServiceLinks is explained",
+	"RATCHET_SECTION_KEY":       "the README's pattern for naming variables",
+	"RATCHET_ARTIFACTS_DIR":     "where tests write artifacts (README, Tests)",
+	"RATCHET_TEST_POSTGRES_URL": "the tests' PostgreSQL server (README, Quick start)",
 }
 
 // root is the repository root: the tests run in deploy/.
