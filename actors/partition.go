@@ -20,7 +20,7 @@ import (
 // (exactly-once) the same transaction moves the stored offset from b.Start to
 // b.Next, guarded by the claim's epoch. *store.Store implements it.
 type Applier interface {
-	Apply(ctx context.Context, b processor.Batch, claim *store.Claim, dead ...store.DeadLetter) error
+	ApplyWith(ctx context.Context, b processor.Batch, claim *store.Claim, o store.ApplyOptions) error
 }
 
 // PartitionConfig configures one partition actor.

@@ -104,6 +104,25 @@ type retry struct {
 	// recorded in PostgreSQL; the next transaction of this batch records
 	// them (exactly-once).
 	unrecorded []store.DeadLetter
+	// inFlight is the dead-letter delivery of the batch's decode poison,
+	// started before its transaction; the transaction waits for it before
+	// COMMIT. nil when there is none.
+	inFlight *dlqWait
+}
+
+// dlqWait is a dead-letter request under way.
+type dlqWait struct {
+	done chan struct{}
+	err  error
+}
+
+func (w *dlqWait) wait(ctx context.Context) error {
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -123,16 +142,22 @@ func (r *retry) Receive(c actor.Context) {
 
 func (r *retry) run(msg *applyBatch) error {
 	r.unrecorded = r.unrecorded[:0]
+	r.inFlight = nil
 	if len(msg.poison) > 0 {
 		letters := make([]Letter, len(msg.poison))
 		for i, d := range msg.poison {
 			letters[i] = Letter{Record: d.rec, Reason: d.err, Attempts: 1}
 		}
-		if err := r.deadLetter(letters...); err != nil {
-			return err
-		}
+		// The delivery runs while the batch's transaction does its work;
+		// the transaction commits only once it is done.
+		r.inFlight = r.deadLetterAsync(letters)
 	}
-	return r.apply(msg.batch, r.cfg.Retry.MaxAttempts)
+	err := r.apply(msg.batch, r.cfg.Retry.MaxAttempts)
+	if err == nil && r.inFlight != nil {
+		err = r.inFlight.wait(r.ctx) // at-least-once batches of poison only never reach a transaction
+	}
+	r.inFlight = nil
+	return err
 }
 
 // apply applies b, retrying per the policy; attempts bounds unclassified
@@ -243,29 +268,44 @@ func (r *retry) safeApply(b processor.Batch) (err error) {
 			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
 		}
 	}()
-	return r.cfg.Applier.Apply(r.ctx, b, r.cfg.Claim, r.unrecorded...)
+	o := store.ApplyOptions{Dead: r.unrecorded}
+	if w := r.inFlight; w != nil {
+		o.BeforeCommit = w.wait
+	}
+	return r.cfg.Applier.ApplyWith(r.ctx, b, r.cfg.Claim, o)
 }
 
 // deadLetter writes letters to the dead-letter topic and waits until they
 // are durable; they are recorded in PostgreSQL with the next transaction.
 func (r *retry) deadLetter(letters ...Letter) error {
+	return r.deadLetterAsync(letters).wait(r.ctx)
+}
+
+// deadLetterAsync starts writing letters to the dead-letter topic. Their
+// rows join the next transaction, which must wait for the returned
+// delivery before it commits.
+func (r *retry) deadLetterAsync(letters []Letter) *dlqWait {
 	now := time.Now()
 	for i := range letters {
 		letters[i].FailedAt = now
 		l := letters[i]
 		r.cfg.Logger.Warn("dead letter", "actor", "retry", "topic", l.Record.Topic, "partition", l.Record.Partition,
 			"offset", l.Record.Offset, "attempts", l.Attempts, "reason", l.Reason.Error())
-	}
-	if err := r.cfg.DLQ.DeadLetter(r.ctx, letters); err != nil {
-		return fmt.Errorf("dead letter %s[%d]: %w", letters[0].Record.Topic, letters[0].Record.Partition, err)
-	}
-	for _, l := range letters {
 		r.unrecorded = append(r.unrecorded, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
 			Attempts: l.Attempts, DLQTopic: r.cfg.DLQTopic, FailedAt: l.FailedAt})
 	}
-	r.cfg.Metrics.DeadLetters.WithLabelValues(letters[0].Record.Topic).Add(float64(len(letters)))
-	r.cfg.Progress.DeadLetters.Add(int64(len(letters)))
-	return nil
+	w := &dlqWait{done: make(chan struct{})}
+	ctx, cfg := r.ctx, r.cfg
+	go func() { // ends when the DLQ answered or ctx (the partition's life) ended
+		defer close(w.done)
+		if err := cfg.DLQ.DeadLetter(ctx, letters); err != nil {
+			w.err = fmt.Errorf("dead letter %s[%d]: %w", letters[0].Record.Topic, letters[0].Record.Partition, err)
+			return
+		}
+		cfg.Metrics.DeadLetters.WithLabelValues(letters[0].Record.Topic).Add(float64(len(letters)))
+		cfg.Progress.DeadLetters.Add(int64(len(letters)))
+	}()
+	return w
 }
 
 func (r *retry) observe(b processor.Batch, began time.Time) {

@@ -138,7 +138,14 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	defer func() { _ = system.Root.PoisonFuture(committer).Wait() }()
 
-	producer, err := kafkaclient.NewProducer(cfg.Kafka.Brokers, cfg.Kafka.Properties, e.log)
+	// A partition waits for its dead letters' delivery reports before its
+	// batch commits, so the DLQ producer sends at once instead of lingering
+	// to fill batches (unless kafka.properties says otherwise).
+	dlqProps := map[string]string{"linger.ms": "0"}
+	for k, v := range cfg.Kafka.Properties {
+		dlqProps[k] = v
+	}
+	producer, err := kafkaclient.NewProducer(cfg.Kafka.Brokers, dlqProps, e.log)
 	if err != nil {
 		return err
 	}

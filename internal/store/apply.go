@@ -40,6 +40,24 @@ func New(pool *pgxpool.Pool, p processor.Processor) *Store {
 // are recorded in ratchet_dead_letters in the same transaction (a record
 // dead-lettered twice after a crash is recorded once).
 func (s *Store) Apply(ctx context.Context, b processor.Batch, claim *Claim, dead ...DeadLetter) error {
+	return s.ApplyWith(ctx, b, claim, ApplyOptions{Dead: dead})
+}
+
+// ApplyOptions are the optional parts of ApplyWith.
+type ApplyOptions struct {
+	// Dead lists records of the batch's range that were dead-lettered; with
+	// a claim they are recorded in ratchet_dead_letters in the transaction.
+	Dead []DeadLetter
+	// BeforeCommit, when set, runs after every write and before COMMIT; an
+	// error rolls the transaction back. The engine waits there for the
+	// dead-letter deliveries of the batch, so the DLQ round trip overlaps
+	// the transaction instead of preceding it, and still nothing commits
+	// before the dead letters are durable.
+	BeforeCommit func(context.Context) error
+}
+
+// ApplyWith is Apply with options.
+func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, o ApplyOptions) error {
 	if b.Next < b.Start {
 		return fmt.Errorf("apply %s[%d]: batch ends at %d before its start %d", b.Topic, b.Partition, b.Next, b.Start)
 	}
@@ -50,13 +68,18 @@ func (s *Store) Apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 		if err := s.p.Process(ctx, tx, b); err != nil {
 			return fmt.Errorf("%s: %w", s.p.Name(), err)
 		}
-		if claim == nil {
-			return nil
+		if claim != nil {
+			if err := recordDeadLetters(ctx, tx, claim, o.Dead); err != nil {
+				return err
+			}
+			if err := advance(ctx, tx, b, claim); err != nil {
+				return err
+			}
 		}
-		if err := recordDeadLetters(ctx, tx, claim, dead); err != nil {
-			return err
+		if o.BeforeCommit != nil {
+			return o.BeforeCommit(ctx)
 		}
-		return advance(ctx, tx, b, claim)
+		return nil
 	})
 	if err != nil {
 		var conflict *OffsetConflictError

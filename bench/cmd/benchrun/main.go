@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"ratchet/config"
+	"ratchet/internal/produce"
 	"ratchet/processor/dashboard"
 )
 
@@ -129,7 +130,7 @@ func run(ctx context.Context) error {
 	rep.machine = machineInfo()
 
 	rwTopics := []string{"rw-naive", "rw-naive-commit", "rw-ratchet"}
-	topics := []string{"events", "events.dlq", "lat", "lat.dlq", "mem-s", "mem-s.dlq", "mem-l", "mem-l.dlq"}
+	topics := []string{"events", "events.dlq", "poison", "poison.dlq", "lat", "lat.dlq", "mem-s", "mem-s.dlq", "mem-l", "mem-l.dlq"}
 	topics = append(topics, rwTopics...)
 	brokerLog, err := os.Create(filepath.Join(o.outDir, "broker.log"))
 	if err != nil {
@@ -165,6 +166,16 @@ func run(ctx context.Context) error {
 		say("preloaded %d events to %s in %s (%.0f/s)", bl.n, bl.topic, d.Round(time.Millisecond), float64(bl.n)/d.Seconds())
 		rep.preload = append(rep.preload, fmt.Sprintf("%d events to `%s` in %s (%.0f events/s)", bl.n, bl.topic, d.Round(time.Millisecond), float64(bl.n)/d.Seconds()))
 	}
+	// The same size of backlog with 1 % poison records of three kinds.
+	pstart := time.Now()
+	pst, err := produce.Run(ctx, produce.Options{Brokers: env.brokers, Topic: "poison", Rate: 0, Count: o.events,
+		Seed: 2, PoisonFraction: 0.01}, quiet)
+	if err != nil {
+		return fmt.Errorf("preload poison: %w", err)
+	}
+	rep.poison = pst.Poison
+	say("preloaded %d events (%d poison) to poison in %s", pst.Produced, pst.Poison, time.Since(pstart).Round(time.Millisecond))
+	rep.preload = append(rep.preload, fmt.Sprintf("%d events, %d of them poison, to `poison`", pst.Produced, pst.Poison))
 	rep.brokerRSS = b.rssMiB()
 	say("broker RSS after preload: %.0f MiB", rep.brokerRSS)
 
@@ -191,12 +202,30 @@ func run(ctx context.Context) error {
 			return fmt.Errorf("round %d (c): sum(count) in dashboard_rollups is %d, want %d (%v)", r, got, o.events, err)
 		}
 		say("round %d (c) exactly-once dash:  %9.0f events/s (wall %s), sum(count)=%d", r, c.Rate(), c.Wall.Round(time.Millisecond), o.events)
+		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
+			return err
+		}
+		good := o.events - rep.poison
+		egroup := fmt.Sprintf("bench-e-%d", r)
+		e, err := drainRatchet(ctx, env, "poison", egroup, config.ModeExactlyOnce, dashboard.New(), good, "")
+		if err != nil {
+			return err
+		}
+		e.Events = o.events // rate over every record read, poison included
+		if got, err := rollupCount(ctx, env); err != nil || got != good {
+			return fmt.Errorf("round %d (e): sum(count) is %d, want %d (%v)", r, got, good, err)
+		}
+		var dead int64
+		if err := db.pool.QueryRow(ctx, "SELECT count(*) FROM ratchet_dead_letters WHERE consumer_group = $1", egroup).Scan(&dead); err != nil || dead != rep.poison {
+			return fmt.Errorf("round %d (e): %d dead letters recorded, want %d (%v)", r, dead, rep.poison, err)
+		}
+		say("round %d (e) exactly-once, 1%% poison: %9.0f events/s (wall %s), %d dead-lettered", r, e.Rate(), e.Wall.Round(time.Millisecond), dead)
 		d, err := drainNaive(ctx, env, "events", fmt.Sprintf("bench-d-%d", r), o.naiveFor)
 		if err != nil {
 			return err
 		}
 		say("round %d (d) naive loop:         %9.0f events/s (%d in %s)", r, d.Rate(), d.Events, d.Steady.Round(time.Millisecond))
-		rep.rounds = append(rep.rounds, round{a: a, b: bres, c: c, d: d})
+		rep.rounds = append(rep.rounds, round{a: a, b: bres, c: c, d: d, e: e})
 	}
 
 	// Profiles where a throughput target is missed.

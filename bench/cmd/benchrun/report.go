@@ -13,7 +13,10 @@ import (
 )
 
 // round is one interleaved set of drains.
-type round struct{ a, b, c, d drainResult }
+type round struct {
+	a, b, c, d drainResult
+	e          drainResult // (c) on a backlog with 1 % poison
+}
 
 // report collects every figure of a run.
 type report struct {
@@ -25,6 +28,7 @@ type report struct {
 	preload    []string
 	brokerRSS  float64
 	rounds     []round
+	poison     int64 // poison records in the (e) backlog, each found in ratchet_dead_letters
 	profiles   []string
 	latency    latencyResult
 	memSmall   memResult
@@ -90,6 +94,17 @@ func (r *report) table() string {
 	row("(c) / (a)", fmt.Sprintf("%.2f (rounds: %s)", v, s), "≥ 0.7", passMiss(v >= 0.7))
 	s, v = r.ratios(rc, rd)
 	row("(c) / (d)", fmt.Sprintf("%.0f (rounds: %s)", v, s), "≥ 100", passMiss(v >= 100))
+	if len(r.rounds) > 0 && r.rounds[0].e.Events > 0 {
+		re := func(x round) float64 { return x.e.Rate() }
+		var es []float64
+		for _, x := range r.rounds {
+			es = append(es, x.e.Rate())
+		}
+		row(fmt.Sprintf("(e) ratchet exactly-once, dashboard, %d events with 1 %% poison (%d dead-lettered)", r.rounds[0].e.Events, r.poison),
+			fmt.Sprintf("%.0f events/s (rounds: %s)", median(es), perRound(re)), "", "")
+		s, v = r.ratios(re, rc)
+		row("(e) / (c): poison run against the clean run", fmt.Sprintf("%.2f (rounds: %s)", v, s), "≥ 0.8", passMiss(v >= 0.8))
+	}
 	l := r.latency
 	row(fmt.Sprintf("latency p50 at %.0f events/s, produce → committed", l.Rate), ms(l.P50), "", "")
 	row(fmt.Sprintf("latency p99 at %.0f events/s", l.Rate), ms(l.P99), "≤ 100 ms", passMiss(l.P99 <= 100*time.Millisecond))
