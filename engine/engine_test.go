@@ -338,9 +338,13 @@ type streamer struct {
 }
 
 func stream(tb testing.TB, addr string, batch int, every time.Duration) *streamer {
+	return streamFrom(tb, addr, batch, every, (&gen{}).next)
+}
+
+// streamFrom produces batch events from next every interval until stopped.
+func streamFrom(tb testing.TB, addr string, batch int, every time.Duration, next func() *ratchetv1.Event) *streamer {
 	s := &streamer{stopCh: make(chan struct{}), done: make(chan struct{})}
 	pr := newProducer(tb, addr)
-	g := &gen{}
 	go func() { // ends when stop is called
 		defer close(s.done)
 		t := time.NewTicker(every)
@@ -353,7 +357,7 @@ func stream(tb testing.TB, addr string, batch int, every time.Duration) *streame
 			}
 			evs := make([]*ratchetv1.Event, batch)
 			for i := range evs {
-				evs[i] = g.next()
+				evs[i] = next()
 			}
 			if err := pr.trySend(evs); err != nil {
 				tb.Errorf("stream: %v", err)

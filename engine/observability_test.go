@@ -79,32 +79,7 @@ func (g *nowGen) next() *ratchetv1.Event {
 
 // streamNow is stream with events of nowGen.
 func streamNow(tb testing.TB, addr string, batch int, every time.Duration) *streamer {
-	s := &streamer{stopCh: make(chan struct{}), done: make(chan struct{})}
-	pr := newProducer(tb, addr)
-	g := &nowGen{}
-	go func() { // ends when stop is called
-		defer close(s.done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.stopCh:
-				return
-			case <-t.C:
-			}
-			evs := make([]*ratchetv1.Event, batch)
-			for i := range evs {
-				evs[i] = g.next()
-			}
-			if err := pr.trySend(evs); err != nil {
-				tb.Errorf("stream: %v", err)
-				return
-			}
-			s.sent.Add(int64(batch))
-		}
-	}()
-	tb.Cleanup(s.stop)
-	return s
+	return streamFrom(tb, addr, batch, every, (&nowGen{}).next)
 }
 
 // artifactDir is where tests leave files for people to look at:
