@@ -86,12 +86,13 @@ func TestZombieInstanceIsFenced(t *testing.T) {
 			t.Errorf("refusal line should name the fence and the old epoch: %s", l)
 		}
 	}
-	s.stop()
-	// Give every other zombie partition a chance to try, then check that
-	// nothing it did after the claim was committed.
-	testenv.Eventually(t, 30*time.Second, func() bool {
+	// Events keep coming until every zombie partition has tried a batch
+	// and been refused; then nothing it did after the claim may be
+	// committed.
+	testenv.Eventually(t, 60*time.Second, func() bool {
 		return len(zlogs.lines(`"msg":"batch refused by the offset guard; partition stopped"`)) == 4
 	}, "all four zombie partitions refused")
+	s.stop()
 	z.stop(t)
 	if after := count(t, pool, `SELECT count(*) FROM test_ledger`); after != before {
 		t.Errorf("the fenced instance committed %d rows after the new owner's claim", after-before)
