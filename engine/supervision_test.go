@@ -1,7 +1,6 @@
 package engine_test
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"sync"
@@ -20,30 +19,6 @@ import (
 
 	"log/slog"
 )
-
-// lockedBuffer collects log output from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines(substr string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, line := range strings.Split(l.b.String(), "\n") {
-		if strings.Contains(line, substr) {
-			out = append(out, line)
-		}
-	}
-	return out
-}
 
 // panicky wraps the ledger and panics in Process for chosen events.
 type panicky struct {
@@ -69,7 +44,7 @@ func (p *panicky) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) err
 	return p.ledger.Process(ctx, tx, b)
 }
 
-func runWithLogs(tb testing.TB, cfg config.Config, p processor.Processor, reg *prometheus.Registry, logs *lockedBuffer) *running {
+func runWithLogs(tb testing.TB, cfg config.Config, p processor.Processor, reg *prometheus.Registry, logs *testenv.Buffer) *running {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{cancel: cancel, done: make(chan error, 1)}
@@ -100,7 +75,7 @@ func TestPanicOnceEveryThousandthRecord(t *testing.T) {
 	}
 	p := &panicky{ledger: ledger{"sup"}, seen: map[string]bool{}, choose: func(id string) bool { return every[id] }}
 	reg := prometheus.NewRegistry()
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	r := runWithLogs(t, testConfig(t, addr, dbURL, config.ModeAtLeastOnce), p, reg, logs)
 	waitApplied(t, pool, n)
 	r.stop(t)
@@ -116,7 +91,7 @@ func TestPanicOnceEveryThousandthRecord(t *testing.T) {
 	if int(restarts) != panics {
 		t.Errorf("ratchet_actor_restarts_total = %v, want %d", restarts, panics)
 	}
-	lines := logs.lines(`"msg":"partition actor restarted"`)
+	lines := logs.Lines(`"msg":"partition actor restarted"`)
 	if len(lines) != panics {
 		t.Errorf("%d restart log lines, want %d", len(lines), panics)
 	}
@@ -145,7 +120,7 @@ func TestRecordThatAlwaysPanicsIsIsolated(t *testing.T) {
 	bad := events[2500].Id
 	p := &panicky{ledger: ledger{"sup"}, seen: map[string]bool{}, always: true, choose: func(id string) bool { return id == bad }}
 	reg := prometheus.NewRegistry()
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
 	r := runWithLogs(t, cfg, p, reg, logs)
 	waitApplied(t, pool, n-1)
@@ -156,11 +131,11 @@ func TestRecordThatAlwaysPanicsIsIsolated(t *testing.T) {
 		t.Errorf("the panicking record was applied %d times", got)
 	}
 	limit := min(cfg.Retry.MaxAttempts, cfg.Supervision.MaxRestarts)
-	if got := len(logs.lines(`"msg":"partition actor restarted"`)); got != limit-1 {
+	if got := len(logs.Lines(`"msg":"partition actor restarted"`)); got != limit-1 {
 		t.Errorf("%d restarts before isolating, want %d", got, limit-1)
 	}
-	if got := len(logs.lines(`"msg":"dead letter"`)); got != 1 {
-		t.Errorf("%d dead letters, want 1: %v", got, logs.lines(`dead letter`))
+	if got := len(logs.Lines(`"msg":"dead letter"`)); got != 1 {
+		t.Errorf("%d dead letters, want 1: %v", got, logs.Lines(`dead letter`))
 	}
 }
 
@@ -201,11 +176,11 @@ func TestRecycleTwentyTimesReplaysNothing(t *testing.T) {
 	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
 	cfg.Kafka.RecycleInterval = time.Second
 	reg := prometheus.NewRegistry()
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	s := stream(t, addr, 50, 20*time.Millisecond)
 	r := runWithLogs(t, cfg, ledger{"sup"}, reg, logs)
 	testenv.Eventually(t, 180*time.Second, func() bool {
-		return len(logs.lines(`"msg":"consumer closed; building a new one"`)) >= 20
+		return len(logs.Lines(`"msg":"consumer closed; building a new one"`)) >= 20
 	}, "20 consumer rebuilds")
 	s.stop()
 	waitApplied(t, pool, s.sent.Load())
@@ -214,7 +189,7 @@ func TestRecycleTwentyTimesReplaysNothing(t *testing.T) {
 
 	// Every rebuild drained and flushed before the consumer was closed.
 	var state string
-	for _, line := range logs.lines(`"msg":`) {
+	for _, line := range logs.Lines(`"msg":`) {
 		switch {
 		case strings.Contains(line, `"msg":"rebuilding the consumer: draining and flushing first"`):
 			state = "draining"
@@ -242,12 +217,12 @@ func TestFencedStaticMemberStopsWithoutHanging(t *testing.T) {
 	cfg.Shutdown.Timeout = 10 * time.Second
 	s := stream(t, addr, 50, 20*time.Millisecond)
 
-	logsA := &lockedBuffer{}
+	logsA := &testenv.Buffer{}
 	a := runWithLogs(t, cfg, ledger{"a"}, prometheus.NewRegistry(), logsA)
 	waitMembers(t, cluster, cfg.Kafka.GroupID, 1)
 	waitOwnerApplies(t, pool, "a")
 
-	b := runWithLogs(t, cfg, ledger{"b"}, prometheus.NewRegistry(), &lockedBuffer{}) // same instance id
+	b := runWithLogs(t, cfg, ledger{"b"}, prometheus.NewRegistry(), &testenv.Buffer{}) // same instance id
 	select {
 	case err := <-a.done:
 		a.cancel = nil // stopped by itself
@@ -257,7 +232,7 @@ func TestFencedStaticMemberStopsWithoutHanging(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatal("fenced engine did not stop within 90s (Close hang?)")
 	}
-	if len(logsA.lines(`"msg":"fatal consumer error"`)) == 0 {
+	if len(logsA.Lines(`"msg":"fatal consumer error"`)) == 0 {
 		t.Error("the fatal error was not logged")
 	}
 	waitOwnerApplies(t, pool, "b") // the new owner goes on
@@ -303,21 +278,21 @@ func TestWarnsWhenMembersOutnumberPartitions(t *testing.T) {
 	cluster, addr := testenv.Kafka(t, 2, topic)
 	dbURL := testenv.Postgres(t)
 	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	var rs []*running
 	for range 3 {
 		rs = append(rs, runWithLogs(t, cfg, ledger{"x"}, prometheus.NewRegistry(), logs))
 	}
 	waitMembers(t, cluster, cfg.Kafka.GroupID, 3)
 	testenv.Eventually(t, 60*time.Second, func() bool {
-		return len(logs.lines(`"msg":"consumer group has more members than input partitions; the extra members idle"`)) > 0
+		return len(logs.Lines(`"msg":"consumer group has more members than input partitions; the extra members idle"`)) > 0
 	}, "a warning about the idle member")
-	for _, l := range logs.lines(`"msg":"consumer group has more members than input partitions`) {
+	for _, l := range logs.Lines(`"msg":"consumer group has more members than input partitions`) {
 		if !strings.Contains(l, `"members":3`) || !strings.Contains(l, `"partitions":2`) {
 			t.Errorf("warning should give the counts: %s", l)
 		}
 	}
-	if len(logs.lines(`"msg":"input topic"`)) == 0 {
+	if len(logs.Lines(`"msg":"input topic"`)) == 0 {
 		t.Error("the input topic's partition count was not logged at start")
 	}
 	for _, r := range rs {

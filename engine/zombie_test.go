@@ -56,7 +56,7 @@ func TestZombieInstanceIsFenced(t *testing.T) {
 	s := stream(t, addr, 20, 20*time.Millisecond)
 	g := &gate{ledger: ledger{"zombie"}, held: make(chan struct{}), release: make(chan struct{})}
 	zreg := prometheus.NewRegistry()
-	zlogs := &lockedBuffer{}
+	zlogs := &testenv.Buffer{}
 	z := runWithLogs(t, cfg, g, zreg, zlogs)
 	waitOwnerApplies(t, pool, "zombie")
 	g.armed.Store(true)
@@ -76,12 +76,12 @@ func TestZombieInstanceIsFenced(t *testing.T) {
 	before := count(t, pool, `SELECT count(*) FROM test_ledger`)
 	close(g.release) // the zombie wakes up and finishes its batch
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		return len(zlogs.lines(`"msg":"batch refused by the offset guard; partition stopped"`)) > 0
+		return len(zlogs.Lines(`"msg":"batch refused by the offset guard; partition stopped"`)) > 0
 	}, "the zombie's write is refused and logged")
 	if got := testutil.ToFloat64(metricVec(t, zreg, "ratchet_fenced_writes_total")); got < 1 {
 		t.Errorf("ratchet_fenced_writes_total = %v, want >= 1", got)
 	}
-	for _, l := range zlogs.lines(`batch refused by the offset guard`) {
+	for _, l := range zlogs.Lines(`batch refused by the offset guard`) {
 		if !strings.Contains(l, "fenced") || !strings.Contains(l, `"epoch":1`) {
 			t.Errorf("refusal line should name the fence and the old epoch: %s", l)
 		}
@@ -90,7 +90,7 @@ func TestZombieInstanceIsFenced(t *testing.T) {
 	// and been refused; then nothing it did after the claim may be
 	// committed.
 	testenv.Eventually(t, 60*time.Second, func() bool {
-		return len(zlogs.lines(`"msg":"batch refused by the offset guard; partition stopped"`)) == 4
+		return len(zlogs.Lines(`"msg":"batch refused by the offset guard; partition stopped"`)) == 4
 	}, "all four zombie partitions refused")
 	s.stop()
 	z.stop(t)

@@ -8,30 +8,11 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"ratchet/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestBadConfigurationExitsTwoNamingTheKey(t *testing.T) {
 	cases := []struct {
@@ -95,7 +76,7 @@ func TestVersion(t *testing.T) {
 // and reads its page and JSON until records are applied and charted.
 func TestDevServesAPageWithEventsFlowing(t *testing.T) {
 	dbURL := testenv.Postgres(t)
-	var out, errOut syncBuffer
+	var out, errOut testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {

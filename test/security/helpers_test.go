@@ -5,13 +5,11 @@
 package security
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,28 +63,9 @@ func testConfig(tb testing.TB, brokers, dbURL string, props config.Properties) c
 	return cfg
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writers (the logger) and
-// readers (the test).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // debugLogger logs JSON at debug level to buf, and to stderr as well when
 // RATCHET_TEST_LOG is set.
-func debugLogger(buf *syncBuffer) *slog.Logger {
+func debugLogger(buf *testenv.Buffer) *slog.Logger {
 	var w io.Writer = buf
 	if os.Getenv("RATCHET_TEST_LOG") != "" {
 		w = io.MultiWriter(buf, os.Stderr)
@@ -98,7 +77,7 @@ func debugLogger(buf *syncBuffer) *slog.Logger {
 type running struct {
 	cancel context.CancelFunc
 	done   chan error
-	logs   *syncBuffer
+	logs   *testenv.Buffer
 	addr   string // HTTP address, when serving
 }
 
@@ -108,7 +87,7 @@ type running struct {
 func start(tb testing.TB, cfg config.Config) *running {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1), logs: &syncBuffer{}}
+	r := &running{cancel: cancel, done: make(chan error, 1), logs: &testenv.Buffer{}}
 	addrs := make(chan string, 1)
 	go func() { // ends when the engine stops
 		r.done <- engine.Run(ctx, cfg, engine.Options{Logger: debugLogger(r.logs), Owner: "security",

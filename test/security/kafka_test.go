@@ -38,7 +38,7 @@ func TestSASLWrongPasswordFailsClearly(t *testing.T) {
 	const wrong = "wrong-pw-planted"
 	cfg := testConfig(t, addr, dbURL, saslProps(wrong))
 
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	err, stopped := runUntil(t, ctx, cfg, debugLogger(logs))
@@ -100,7 +100,7 @@ func TestTLSUntrustedCertificateFailsClearly(t *testing.T) {
 	_, otherCA := testenv.SelfSignedCert(t, "127.0.0.1")
 	cfg := testConfig(t, addr, dbURL, config.Properties{"security.protocol": "SSL", "ssl.ca.pem": string(otherCA)})
 
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	err, stopped := runUntil(t, ctx, cfg, debugLogger(logs))

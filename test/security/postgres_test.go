@@ -112,7 +112,7 @@ func TestPostgresSSLModeHonoured(t *testing.T) {
 			cfg.Kafka.GroupID = "ratchet-sslmode-" + strings.Fields(tc.name)[0]
 
 			if tc.wantErr != "" {
-				logs := &syncBuffer{}
+				logs := &testenv.Buffer{}
 				ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 				defer cancel()
 				err, stopped := runUntil(t, ctx, cfg, debugLogger(logs))
@@ -203,7 +203,7 @@ func noTLSServer(tb testing.TB) string {
 func TestPostgresRequireAgainstServerWithoutTLS(t *testing.T) {
 	addr := noTLSServer(t)
 	cfg := testConfig(t, "127.0.0.1:1", "postgres://postgres:"+pgPassword+"@"+addr+"/ratchet?sslmode=require&connect_timeout=3", nil)
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err, stopped := runUntil(t, ctx, cfg, debugLogger(logs))

@@ -30,8 +30,8 @@ func assertNoPlanted(tb testing.TB, what, text string) {
 type cliRun struct {
 	cancel context.CancelFunc
 	done   chan int
-	stdout *syncBuffer
-	stderr *syncBuffer
+	stdout *testenv.Buffer
+	stderr *testenv.Buffer
 }
 
 // startCLI runs cli.Run(args, environ) in the background; its context ends
@@ -39,7 +39,7 @@ type cliRun struct {
 func startCLI(tb testing.TB, args, environ []string) *cliRun {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &cliRun{cancel: cancel, done: make(chan int, 1), stdout: &syncBuffer{}, stderr: &syncBuffer{}}
+	r := &cliRun{cancel: cancel, done: make(chan int, 1), stdout: &testenv.Buffer{}, stderr: &testenv.Buffer{}}
 	go func() { r.done <- cli.Run(ctx, args, environ, r.stdout, r.stderr) }() // ends when ctx is done
 	tb.Cleanup(func() { r.stop(tb) })
 	return r
