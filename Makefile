@@ -16,9 +16,9 @@ test: vet proto-check
 	$(GO) test -race -count=1 -timeout 45m $(PKGS)
 	FUZZTIME=$(FUZZTIME) bash scripts/fuzz-short.sh
 
-FUZZTIME ?= 5s
+FUZZTIME ?= 10000x
 
-## fuzz: every fuzz target for FUZZTIME (default 5s in make test; try FUZZTIME=5m).
+## fuzz: every fuzz target for FUZZTIME (default 10000x executions in make test; try FUZZTIME=5m).
 fuzz:
 	FUZZTIME=$(FUZZTIME) bash scripts/fuzz-short.sh
 
