@@ -63,6 +63,7 @@ type partitionState struct {
 	restarts int
 	fenced   bool
 	panics   map[int64]int // batch start offset → processor panics there
+	dec      *event.Decoder
 }
 
 // entry is one buffered record: decoded, or poison with the reason.
@@ -99,7 +100,7 @@ type Partition struct {
 
 // NewPartition returns the producer of a partition actor.
 func NewPartition(cfg *PartitionConfig) actor.Producer {
-	st := &partitionState{next: cfg.Start, panics: map[int64]int{}}
+	st := &partitionState{next: cfg.Start, panics: map[int64]int{}, dec: event.NewDecoder(cfg.Format)}
 	return func() actor.Actor { return &Partition{cfg: cfg, state: st} }
 }
 
@@ -205,7 +206,7 @@ func (p *Partition) decode(m *kafka.Message) entry {
 		Value:     m.Value,
 		Timestamp: m.Timestamp,
 	}
-	ev, err := event.Decode(p.cfg.Format, m.Value)
+	ev, err := p.state.dec.Decode(m.Value)
 	if err != nil {
 		return entry{rec: rec, poison: err}
 	}

@@ -58,11 +58,40 @@ var (
 // wrapping ErrUnknownFormat instead. Decode never panics and does not keep
 // a reference to value.
 func Decode(format string, value []byte) (*ratchetv1.Event, error) {
+	return decode(format, value, nil)
+}
+
+// Decoder decodes the records of one stream (one partition) like Decode,
+// and shares the strings that repeat between its records (metric names,
+// label keys and values) instead of allocating them for every event. The
+// shared strings are immutable, so events may outlive the Decoder. A
+// Decoder is not safe for concurrent use.
+type Decoder struct {
+	format string
+	in     interner
+}
+
+// NewDecoder returns a Decoder for format (empty means FormatProtobuf).
+func NewDecoder(format string) *Decoder {
+	return &Decoder{format: format}
+}
+
+// Decode is the package-level Decode with d's format.
+func (d *Decoder) Decode(value []byte) (*ratchetv1.Event, error) {
+	return decode(d.format, value, &d.in)
+}
+
+func decode(format string, value []byte, in *interner) (*ratchetv1.Event, error) {
 	ev := new(ratchetv1.Event)
 	switch format {
 	case FormatProtobuf, "":
-		if err := protoUnmarshal.Unmarshal(value, ev); err != nil {
-			return nil, decodeError(FormatProtobuf, err)
+		if unmarshalFast(value, ev, in) != nil {
+			// Not a shape the fast path takes: proto.Unmarshal decides,
+			// and words the error.
+			ev.Reset()
+			if err := protoUnmarshal.Unmarshal(value, ev); err != nil {
+				return nil, decodeError(FormatProtobuf, err)
+			}
 		}
 	case FormatJSON:
 		if err := jsonUnmarshal.Unmarshal(value, ev); err != nil {
