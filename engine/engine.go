@@ -104,12 +104,11 @@ func (e *engine) run(ctx context.Context) error {
 	cfg := e.cfg
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	maxConns := int32(cfg.Postgres.MaxConns)
-	pool, err := store.Open(startCtx, cfg.Postgres.URL.Reveal(), maxConns)
+	pool, err := store.Open(startCtx, cfg.Postgres.URL.Reveal(), int32(cfg.Postgres.MaxConns))
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer func() { pool.Close() }() // the pool in use at return (see the resize below)
 	if err := store.Migrate(startCtx, pool); err != nil {
 		return err
 	}
@@ -149,9 +148,24 @@ func (e *engine) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := ensureDLQTopics(startCtx, producer, cfg, e.log); err != nil {
+	inputPartitions, err := ensureDLQTopics(startCtx, producer, cfg, e.log)
+	if err != nil {
 		producer.Close()
 		return err
+	}
+	if cfg.Postgres.MaxConns == 0 {
+		// postgres.max_conns 0 means "assigned partitions + 4": every
+		// partition may have a transaction open at once, and claims and the
+		// page need a few more. An instance is never assigned more than the
+		// input topics have; connections open only when needed. The first
+		// pool (pgx's default size) only pinged and migrated.
+		sized, err := store.Open(startCtx, cfg.Postgres.URL.Reveal(), int32(inputPartitions+4))
+		if err != nil {
+			producer.Close()
+			return err
+		}
+		pool.Close()
+		pool = sized
 	}
 	dlq, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewDLQ(actors.DLQConfig{
 		Producer: producer, Topic: cfg.Kafka.DLQTopic, Logger: e.log,
@@ -273,18 +287,20 @@ func (m minLevel) WithGroup(n string) slog.Handler { return minLevel{h: m.h.With
 
 // ensureDLQTopics creates the dead-letter topic of every input topic that
 // lacks one, with the input's partition count, or says clearly why it
-// cannot.
-func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, log *slog.Logger) error {
+// cannot. It returns the number of partitions of the input topics (a
+// missing topic counts as one).
+func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, log *slog.Logger) (int, error) {
 	admin, err := kafka.NewAdminClientFromProducer(p)
 	if err != nil {
-		return fmt.Errorf("admin client: %w", err)
+		return 0, fmt.Errorf("admin client: %w", err)
 	}
 	defer admin.Close()
 	md, err := admin.GetMetadata(nil, true, 10000)
 	if err != nil {
-		return fmt.Errorf("read topics from %v: %w", cfg.Kafka.Brokers, err)
+		return 0, fmt.Errorf("read topics from %v: %w", cfg.Kafka.Brokers, err)
 	}
 	var specs []kafka.TopicSpecification
+	total := 0
 	for _, t := range cfg.Kafka.Topics {
 		in, ok := md.Topics[t]
 		parts := 1
@@ -294,6 +310,7 @@ func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, 
 		} else {
 			log.Warn("input topic not found; it will be consumed once it exists", "topic", t)
 		}
+		total += parts
 		dlq := cfg.Kafka.DLQTopic(t)
 		if d, ok := md.Topics[dlq]; ok && d.Error.Code() == kafka.ErrNoError && len(d.Partitions) > 0 {
 			continue
@@ -301,11 +318,11 @@ func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, 
 		specs = append(specs, kafka.TopicSpecification{Topic: dlq, NumPartitions: parts, ReplicationFactor: -1})
 	}
 	if len(specs) == 0 {
-		return nil
+		return total, nil
 	}
 	res, err := admin.CreateTopics(ctx, specs)
 	if err != nil {
-		return fmt.Errorf("dead-letter topic missing and not created: %w", err)
+		return 0, fmt.Errorf("dead-letter topic missing and not created: %w", err)
 	}
 	for _, r := range res {
 		switch r.Error.Code() {
@@ -313,9 +330,9 @@ func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, 
 			log.Info("dead-letter topic created", "topic", r.Topic)
 		case kafka.ErrTopicAlreadyExists:
 		default:
-			return fmt.Errorf("dead-letter topic %s is missing and could not be created (create it, or set kafka.dlq_topic): %w",
+			return 0, fmt.Errorf("dead-letter topic %s is missing and could not be created (create it, or set kafka.dlq_topic): %w",
 				r.Topic, r.Error)
 		}
 	}
-	return nil
+	return total, nil
 }

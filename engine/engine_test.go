@@ -463,3 +463,70 @@ func TestGracefulRestartMidStream(t *testing.T) {
 	r.stop(t)
 	assertLedgerExactlyOnce(t, pool, s.sent.Load())
 }
+
+// barrier is a processor whose transactions wait inside Process until
+// want of them are open at once (or release is closed), and records the
+// most it saw.
+type barrier struct {
+	want    int32
+	inside  atomic.Int32
+	most    atomic.Int32
+	release chan struct{}
+}
+
+func (*barrier) Name() string { return "barrier" }
+
+func (b *barrier) Process(ctx context.Context, _ pgx.Tx, _ processor.Batch) error {
+	n := b.inside.Add(1)
+	defer b.inside.Add(-1)
+	for {
+		m := b.most.Load()
+		if n <= m || b.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	select {
+	case <-b.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestEveryPartitionCanApplyAtOnce: with postgres.max_conns at its default
+// (0: assigned partitions + 4) all 12 partitions have a transaction open at
+// the same time; a pool smaller than the assignment would make partitions
+// queue for connections behind each other's slow transactions.
+func TestEveryPartitionCanApplyAtOnce(t *testing.T) {
+	const partitions = 12
+	_, addr := testenv.Kafka(t, partitions, topic)
+	dbURL := testenv.Postgres(t)
+	pr := newProducer(t, addr)
+	deliveries := make(chan kafka.Event, partitions)
+	g := &gen{}
+	for p := range int32(partitions) {
+		v, err := proto.Marshal(g.next())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp := topic
+		if err := pr.p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &tp, Partition: p}, Value: v}, deliveries); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range partitions {
+		if m := (<-deliveries).(*kafka.Message); m.TopicPartition.Error != nil {
+			t.Fatal(m.TopicPartition.Error)
+		}
+	}
+
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	if cfg.Postgres.MaxConns != 0 {
+		t.Fatalf("postgres.max_conns default is %d, want 0", cfg.Postgres.MaxConns)
+	}
+	b := &barrier{want: partitions, release: make(chan struct{})}
+	start(t, cfg, b, "a")
+	defer close(b.release) // before the engine stops (t.Cleanup)
+	testenv.Eventually(t, 60*time.Second, func() bool { return b.most.Load() >= b.want },
+		"%d transactions open at once", partitions)
+}
