@@ -86,13 +86,21 @@ type Partition struct {
 	queue      []*kafka.Message
 	firstAt    time.Time // arrival of queue[0]
 	lastQueued int64     // offset after the last queued record
-	inFlight   *processor.Batch
+	inFlight   *applyBatch
 	inFlightN  int // raw records the batch in flight covers
-	draining   bool
-	drainers   []*actor.PID
-	awaitSeek  bool // restarted: drop records until the seek is confirmed
+	// ready is the next full batch, cut and decoded while inFlight is in
+	// its transaction, its dead letters already on their way: it is sent
+	// the moment inFlight is applied. Only ever set while inFlight is.
+	ready     *applyBatch
+	readyN    int
+	draining  bool
+	drainers  []*actor.PID
+	awaitSeek bool // restarted: drop records until the seek is confirmed
 
-	retry       *actor.PID
+	retry *actor.PID
+	// ctx is this incarnation's life (cancelled on restart and stop); dead
+	// letters of a cut batch are written under it.
+	ctx         context.Context
 	retryCancel context.CancelFunc
 	timer       *time.Timer
 	timerSeq    uint64
@@ -140,12 +148,13 @@ func (p *Partition) Receive(c actor.Context) {
 		// hands them to the next owner).
 		p.release(len(p.queue) + p.inFlightN)
 		p.queue, p.inFlight, p.inFlightN = nil, nil, 0
+		p.dropReady()
 	}
 }
 
 func (p *Partition) started(c actor.Context) {
 	ctx, cancel := context.WithCancel(context.Background())
-	p.retryCancel = cancel
+	p.ctx, p.retryCancel = ctx, cancel
 	p.retry = c.Spawn(actor.PropsFromProducer(newRetry(ctx, p.cfg)))
 	p.lastQueued = p.state.next
 	if p.state.restarts > 0 {
@@ -215,9 +224,20 @@ func (p *Partition) decode(m *kafka.Message) entry {
 }
 
 // maybeDispatch starts the next batch when none is in flight and the queue
-// holds a full batch, or its oldest record has waited the linger time.
+// holds a full batch, or its oldest record has waited the linger time. With
+// a batch in flight it cuts the next full one ahead, so its decoding and its
+// dead letters' delivery overlap the transaction before it.
 func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
-	if p.inFlight != nil || p.draining || len(p.queue) == 0 {
+	if p.draining {
+		return
+	}
+	if p.inFlight != nil {
+		if p.ready == nil && len(p.queue) >= p.cfg.BatchSize {
+			p.ready, p.readyN = p.cut(p.cfg.BatchSize)
+		}
+		return
+	}
+	if len(p.queue) == 0 {
 		return
 	}
 	waited := time.Since(p.firstAt)
@@ -225,23 +245,43 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 		p.armTimer(c, p.cfg.Linger-waited)
 		return
 	}
-	n := min(len(p.queue), p.cfg.BatchSize)
+	b, n := p.cut(min(len(p.queue), p.cfg.BatchSize))
+	p.send(c, b, n)
+	p.maybeDispatch(c, false) // cut the next one ahead
+}
+
+// cut takes the first n queued records as the batch after the one in
+// flight (or the next to apply), decodes them, and starts writing the ones
+// that do not decode to the dead-letter topic.
+func (p *Partition) cut(n int) (*applyBatch, int) {
 	take := p.queue[:n]
-	b := processor.Batch{
+	start := p.state.next
+	if p.inFlight != nil {
+		start = p.inFlight.batch.Next
+	}
+	msg := &applyBatch{batch: processor.Batch{
 		Topic:     p.cfg.TP.Topic,
 		Partition: p.cfg.TP.Partition,
-		Start:     p.state.next,
+		Start:     start,
 		Next:      int64(take[n-1].TopicPartition.Offset) + 1,
 		Records:   make([]processor.Record, 0, n),
-	}
-	var poison []deadLetter
+	}}
+	var letters []Letter
 	for _, m := range take {
 		e := p.decode(m)
 		if e.poison != nil {
-			poison = append(poison, deadLetter{rec: e.rec, err: e.poison})
+			letters = append(letters, Letter{Record: e.rec, Reason: e.poison, Attempts: 1})
 			continue
 		}
-		b.Records = append(b.Records, e.rec)
+		msg.batch.Records = append(msg.batch.Records, e.rec)
+	}
+	if len(letters) > 0 {
+		// Durable in the DLQ before the batch commits: the transaction
+		// waits for this delivery. Written before the batch in flight has
+		// committed, so a crash or a failed batch may write them again
+		// (the DLQ is at-least-once; the offset never passes a record that
+		// is in neither place).
+		msg.delivery, msg.dead = sendDeadLetters(p.ctx, p.cfg, letters)
 	}
 	// Drop the taken records without copying the rest: clear the slots so
 	// the garbage collector can free them, and reslice.
@@ -250,13 +290,25 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 	if len(p.queue) > 0 {
 		p.firstAt = time.Now()
 	}
-	p.inFlight, p.inFlightN = &b, n
+	return msg, n
+}
+
+// send hands a cut batch to the retry actor.
+func (p *Partition) send(c actor.Context, msg *applyBatch, n int) {
+	p.inFlight, p.inFlightN = msg, n
 	p.stopTimer()
-	c.Send(p.retry, &applyBatch{batch: b, poison: poison})
+	c.Send(p.retry, msg)
+}
+
+// dropReady forgets the batch cut ahead: its records are re-read after a
+// seek, or are the next owner's.
+func (p *Partition) dropReady() {
+	p.release(p.readyN)
+	p.ready, p.readyN = nil, 0
 }
 
 func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
-	if p.inFlight == nil || msg.next != p.inFlight.Next {
+	if p.inFlight == nil || msg.next != p.inFlight.batch.Next {
 		return // a reply for an incarnation's batch that no longer exists
 	}
 	var pe *PanicError
@@ -270,7 +322,9 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		}
 		p.log().Warn("batch keeps panicking; isolating the record", "offset", msg.start,
 			"panics", p.state.panics[msg.start])
-		c.Send(p.retry, &applyBatch{batch: *p.inFlight, isolatePanics: true})
+		again := *p.inFlight // its dead letters, if any, are already written
+		again.isolatePanics = true
+		c.Send(p.retry, &again)
 		return
 	}
 	n := p.inFlightN
@@ -287,6 +341,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err)
 			p.release(len(p.queue))
 			p.queue = nil
+			p.dropReady()
 			p.state.next = conflict.StoredNext
 			p.cfg.Progress.Next.Store(conflict.StoredNext)
 			p.awaitSeek = true
@@ -306,11 +361,13 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 				"epoch", p.epoch(), "err", msg.err)
 			p.release(len(p.queue))
 			p.queue = nil
+			p.dropReady()
 			p.answerDrainers(c)
 			return
 		}
 		// Only cancellation (stop) ends a retry without success.
 		p.log().Warn("batch abandoned", "offset", msg.start, "err", msg.err)
+		p.dropReady()
 		p.answerDrainers(c)
 		return
 	}
@@ -319,6 +376,15 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 	p.cfg.Progress.Next.Store(msg.next)
 	p.cfg.Metrics.StoredOffset.WithLabelValues(p.cfg.TP.Topic, metrics.Partition(p.cfg.TP.Partition)).Set(float64(msg.next))
 	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next})
+	if ready := p.ready; ready != nil {
+		// Also while draining: its dead letters are written, so applying
+		// it keeps them from being written again by the next owner.
+		n := p.readyN
+		p.ready, p.readyN = nil, 0
+		p.send(c, ready, n)
+		p.maybeDispatch(c, false)
+		return
+	}
 	if p.draining {
 		p.answerDrainers(c)
 		return

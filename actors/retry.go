@@ -66,21 +66,18 @@ func isPanic(err error) bool {
 }
 
 // applyBatch asks the retry actor to apply a batch. Sent by the partition
-// actor, at most one at a time. Poison records of the batch's range, found
-// while decoding, travel with it: they are dead-lettered before the batch
-// transaction moves the offset past them.
+// actor, at most one at a time. Records of the batch's range that did not
+// decode were handed to the dead-letter topic when the batch was cut:
+// delivery is that write, which the batch's transaction waits for before it
+// commits, and dead are their rows for ratchet_dead_letters.
 type applyBatch struct {
-	batch  processor.Batch
-	poison []deadLetter
+	batch    processor.Batch
+	delivery *dlqWait // nil when the batch had no decode poison
+	dead     []store.DeadLetter
 	// isolatePanics treats a processor panic as a record error (bisect,
 	// dead-letter the record) instead of reporting it to the parent. Set
 	// once a batch start has panicked as often as the partition allows.
 	isolatePanics bool
-}
-
-type deadLetter struct {
-	rec processor.Record
-	err error
 }
 
 // batchDone is the retry actor's answer to applyBatch: the batch's range is
@@ -105,8 +102,8 @@ type retry struct {
 	// them (exactly-once).
 	unrecorded []store.DeadLetter
 	// inFlight is the dead-letter delivery of the batch's decode poison,
-	// started before its transaction; the transaction waits for it before
-	// COMMIT. nil when there is none.
+	// started when the partition cut the batch; no transaction of the
+	// batch begins before it is done. nil when there is none.
 	inFlight *dlqWait
 }
 
@@ -141,17 +138,11 @@ func (r *retry) Receive(c actor.Context) {
 }
 
 func (r *retry) run(msg *applyBatch) error {
-	r.unrecorded = r.unrecorded[:0]
-	r.inFlight = nil
-	if len(msg.poison) > 0 {
-		letters := make([]Letter, len(msg.poison))
-		for i, d := range msg.poison {
-			letters[i] = Letter{Record: d.rec, Reason: d.err, Attempts: 1}
-		}
-		// The delivery runs while the batch's transaction does its work;
-		// the transaction commits only once it is done.
-		r.inFlight = r.deadLetterAsync(letters)
-	}
+	r.unrecorded = append(r.unrecorded[:0], msg.dead...)
+	// The delivery started when the batch was cut and runs while the
+	// transaction does its work; the transaction commits only once it is
+	// done.
+	r.inFlight = msg.delivery
 	err := r.apply(msg.batch, r.cfg.Retry.MaxAttempts)
 	if err == nil && r.inFlight != nil {
 		err = r.inFlight.wait(r.ctx) // at-least-once batches of poison only never reach a transaction
@@ -268,11 +259,16 @@ func (r *retry) safeApply(b processor.Batch) (err error) {
 			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
 		}
 	}()
-	o := store.ApplyOptions{Dead: r.unrecorded}
 	if w := r.inFlight; w != nil {
-		o.BeforeCommit = w.wait
+		// Nothing commits before the batch's dead letters are durable. The
+		// wait comes before the transaction, so no connection or row lock
+		// is held meanwhile; the letters went out when the batch was cut,
+		// usually while the batch before it was applied.
+		if err := w.wait(r.ctx); err != nil {
+			return err
+		}
 	}
-	return r.cfg.Applier.ApplyWith(r.ctx, b, r.cfg.Claim, o)
+	return r.cfg.Applier.ApplyWith(r.ctx, b, r.cfg.Claim, store.ApplyOptions{Dead: r.unrecorded})
 }
 
 // deadLetter writes letters to the dead-letter topic and waits until they
@@ -285,18 +281,28 @@ func (r *retry) deadLetter(letters ...Letter) error {
 // rows join the next transaction, which must wait for the returned
 // delivery before it commits.
 func (r *retry) deadLetterAsync(letters []Letter) *dlqWait {
+	w, rows := sendDeadLetters(r.ctx, r.cfg, letters)
+	r.unrecorded = append(r.unrecorded, rows...)
+	return w
+}
+
+// sendDeadLetters starts writing letters to the partition's dead-letter
+// topic and returns the delivery to wait for and the rows that record the
+// letters in PostgreSQL. The write ends when the DLQ answered or ctx (the
+// partition incarnation's life) ended.
+func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, letters []Letter) (*dlqWait, []store.DeadLetter) {
 	now := time.Now()
+	rows := make([]store.DeadLetter, 0, len(letters))
 	for i := range letters {
 		letters[i].FailedAt = now
 		l := letters[i]
-		r.cfg.Logger.Warn("dead letter", "actor", "retry", "topic", l.Record.Topic, "partition", l.Record.Partition,
+		cfg.Logger.Warn("dead letter", "actor", "retry", "topic", l.Record.Topic, "partition", l.Record.Partition,
 			"offset", l.Record.Offset, "attempts", l.Attempts, "reason", l.Reason.Error())
-		r.unrecorded = append(r.unrecorded, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
-			Attempts: l.Attempts, DLQTopic: r.cfg.DLQTopic, FailedAt: l.FailedAt})
+		rows = append(rows, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
+			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt})
 	}
 	w := &dlqWait{done: make(chan struct{})}
-	ctx, cfg := r.ctx, r.cfg
-	go func() { // ends when the DLQ answered or ctx (the partition's life) ended
+	go func() { // ends when the DLQ answered or ctx ended
 		defer close(w.done)
 		if err := cfg.DLQ.DeadLetter(ctx, letters); err != nil {
 			w.err = fmt.Errorf("dead letter %s[%d]: %w", letters[0].Record.Topic, letters[0].Record.Partition, err)
@@ -305,7 +311,7 @@ func (r *retry) deadLetterAsync(letters []Letter) *dlqWait {
 		cfg.Metrics.DeadLetters.WithLabelValues(letters[0].Record.Topic).Add(float64(len(letters)))
 		cfg.Progress.DeadLetters.Add(int64(len(letters)))
 	}()
-	return w
+	return w, rows
 }
 
 func (r *retry) observe(b processor.Batch, began time.Time) {

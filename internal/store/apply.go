@@ -48,12 +48,6 @@ type ApplyOptions struct {
 	// Dead lists records of the batch's range that were dead-lettered; with
 	// a claim they are recorded in ratchet_dead_letters in the transaction.
 	Dead []DeadLetter
-	// BeforeCommit, when set, runs after every write and before COMMIT; an
-	// error rolls the transaction back. The engine waits there for the
-	// dead-letter deliveries of the batch, so the DLQ round trip overlaps
-	// the transaction instead of preceding it, and still nothing commits
-	// before the dead letters are durable.
-	BeforeCommit func(context.Context) error
 }
 
 // ApplyWith is Apply with options.
@@ -68,6 +62,10 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 		if err := s.p.Process(ctx, tx, b); err != nil {
 			return fmt.Errorf("%s: %w", s.p.Name(), err)
 		}
+		// The offset row last: its row lock is held until COMMIT, and a new
+		// owner's claim waits for it. Taken at the end, a process frozen
+		// mid-batch (GC or VM pause, SIGSTOP) does not hold up the claim
+		// that fences it.
 		if claim != nil {
 			if err := recordDeadLetters(ctx, tx, claim, o.Dead); err != nil {
 				return err
@@ -75,9 +73,6 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 			if err := advance(ctx, tx, b, claim); err != nil {
 				return err
 			}
-		}
-		if o.BeforeCommit != nil {
-			return o.BeforeCommit(ctx)
 		}
 		return nil
 	})
