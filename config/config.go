@@ -79,7 +79,7 @@ func (k Kafka) DLQTopic(topic string) string {
 type Postgres struct {
 	URL SecretURL // postgres.url; prints redacted, Reveal to connect
 	// MaxConns (postgres.max_conns) is the pool size; 0 means the number of
-	// assigned partitions + 4, chosen at run time.
+	// partitions of the input topics + 4, chosen at start from their metadata.
 	MaxConns int
 }
 

@@ -154,7 +154,7 @@ func (e *engine) run(ctx context.Context) error {
 		return err
 	}
 	if cfg.Postgres.MaxConns == 0 {
-		// postgres.max_conns 0 means "assigned partitions + 4": every
+		// postgres.max_conns 0 means "input partitions + 4": every
 		// partition may have a transaction open at once, and claims and the
 		// page need a few more. An instance is never assigned more than the
 		// input topics have; connections open only when needed. The first

@@ -494,7 +494,7 @@ func (b *barrier) Process(ctx context.Context, _ pgx.Tx, _ processor.Batch) erro
 }
 
 // TestEveryPartitionCanApplyAtOnce: with postgres.max_conns at its default
-// (0: assigned partitions + 4) all 12 partitions have a transaction open at
+// (0: the input partitions + 4) all 12 partitions have a transaction open at
 // the same time; a pool smaller than the assignment would make partitions
 // queue for connections behind each other's slow transactions.
 func TestEveryPartitionCanApplyAtOnce(t *testing.T) {
