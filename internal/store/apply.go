@@ -59,17 +59,22 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 		return fmt.Errorf("apply %s[%d]: claim is for %s[%d]", b.Topic, b.Partition, claim.Topic, claim.Partition)
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := s.p.Process(ctx, tx, b); err != nil {
-			return fmt.Errorf("%s: %w", s.p.Name(), err)
-		}
-		// The offset row last: its row lock is held until COMMIT, and a new
-		// owner's claim waits for it. Taken at the end, a process frozen
-		// mid-batch (GC or VM pause, SIGSTOP) does not hold up the claim
-		// that fences it.
+		// The order keeps row locks short. Dead letters first: their rows
+		// are this partition's own, while processors often upsert rows that
+		// every partition touches (the dashboard's current minute), whose
+		// locks are held until COMMIT.
 		if claim != nil {
 			if err := recordDeadLetters(ctx, tx, claim, o.Dead); err != nil {
 				return err
 			}
+		}
+		if err := s.p.Process(ctx, tx, b); err != nil {
+			return fmt.Errorf("%s: %w", s.p.Name(), err)
+		}
+		// The offset row last: a new owner's claim waits for its lock, so
+		// taken at the end, a process frozen mid-batch (GC or VM pause,
+		// SIGSTOP) does not hold up the claim that fences it.
+		if claim != nil {
 			if err := advance(ctx, tx, b, claim); err != nil {
 				return err
 			}

@@ -246,6 +246,17 @@ func run(ctx context.Context) error {
 		rep.profiles = append(rep.profiles, profileTop("(c) exactly-once, dashboard", p))
 		say("profiled (c): %s", p)
 	}
+	if _, poisonRatio := rep.ratios(func(x round) float64 { return x.e.Rate() }, func(x round) float64 { return x.c.Rate() }); o.forceProfile || poisonRatio < 0.8 {
+		p := env.outPath("cpu-poison.pprof")
+		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
+			return err
+		}
+		if _, err := drainRatchet(ctx, env, "poison", "bench-e-prof", config.ModeExactlyOnce, dashboard.New(), o.events-rep.poison, p); err != nil {
+			return err
+		}
+		rep.profiles = append(rep.profiles, profileTop("(e) exactly-once, dashboard, 1 % poison", p))
+		say("profiled (e): %s", p)
+	}
 
 	// 3. Latency.
 	lat, err := measureLatency(ctx, env, "lat", "bench-lat", o.latRate, o.latFor, 2*time.Second)
