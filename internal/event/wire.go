@@ -90,35 +90,39 @@ func unmarshalFast(value []byte, ev *ratchetv1.Event, in *interner) error {
 			return errSlowPath
 		}
 		b = b[n:]
+		// The field's bytes first, by its declared wire type.
+		var (
+			v []byte
+			x uint64
+		)
 		switch {
-		case num == fieldID && typ == protowire.BytesType:
-			v, n := consumeString(b)
-			if n < 0 {
+		case typ == protowire.BytesType && (num == fieldID || num == fieldMetric || num == fieldTime || num == fieldLabels):
+			v, n = protowire.ConsumeBytes(b)
+		case typ == protowire.Fixed64Type && num == fieldValue:
+			x, n = protowire.ConsumeFixed64(b)
+		default:
+			return errSlowPath
+		}
+		if n < 0 {
+			return errSlowPath
+		}
+		b = b[n:]
+		switch num {
+		case fieldID:
+			if !utf8.Valid(v) {
 				return errSlowPath
 			}
 			// Ids are unique per event: sharing them would only fill the
 			// interner.
 			ev.Id = string(v)
-			b = b[n:]
-		case num == fieldMetric && typ == protowire.BytesType:
-			v, n := consumeString(b)
-			if n < 0 {
+		case fieldMetric:
+			if !utf8.Valid(v) {
 				return errSlowPath
 			}
 			ev.Metric = in.str(v)
-			b = b[n:]
-		case num == fieldValue && typ == protowire.Fixed64Type:
-			v, n := protowire.ConsumeFixed64(b)
-			if n < 0 {
-				return errSlowPath
-			}
-			ev.Value = math.Float64frombits(v)
-			b = b[n:]
-		case num == fieldTime && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errSlowPath
-			}
+		case fieldValue:
+			ev.Value = math.Float64frombits(x)
+		case fieldTime:
 			if ev.Time == nil {
 				ev.Time = new(timestamppb.Timestamp)
 			}
@@ -126,12 +130,7 @@ func unmarshalFast(value []byte, ev *ratchetv1.Event, in *interner) error {
 			if err := unmarshalTimestamp(v, ev.Time); err != nil {
 				return err
 			}
-			b = b[n:]
-		case num == fieldLabels && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errSlowPath
-			}
+		case fieldLabels:
 			k, val, err := unmarshalEntry(v, in)
 			if err != nil {
 				return err
@@ -140,9 +139,6 @@ func unmarshalFast(value []byte, ev *ratchetv1.Event, in *interner) error {
 				ev.Labels = make(map[string]string, 1)
 			}
 			ev.Labels[k] = val
-			b = b[n:]
-		default:
-			return errSlowPath
 		}
 	}
 	return nil
