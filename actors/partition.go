@@ -276,11 +276,11 @@ func (p *Partition) cut(n int) (*applyBatch, int) {
 		msg.batch.Records = append(msg.batch.Records, e.rec)
 	}
 	if len(letters) > 0 {
-		// Durable in the DLQ before the batch commits: the transaction
-		// waits for this delivery. Written before the batch in flight has
-		// committed, so a crash or a failed batch may write them again
-		// (the DLQ is at-least-once; the offset never passes a record that
-		// is in neither place).
+		// Durable in the DLQ before the batch's transaction begins: the
+		// retry actor waits for this delivery. Written before the batch in
+		// flight has committed, so a crash or a failed batch may write them
+		// again (the DLQ is at-least-once; the offset never passes a record
+		// that is in neither place).
 		msg.delivery, msg.dead = sendDeadLetters(p.ctx, p.cfg, letters)
 	}
 	// Drop the taken records without copying the rest: clear the slots so

@@ -69,7 +69,7 @@ func isPanic(err error) bool {
 // actor, at most one at a time. Records of the batch's range that did not
 // decode were handed to the dead-letter topic when the batch was cut:
 // delivery is that write, which the batch's transaction waits for before it
-// commits, and dead are their rows for ratchet_dead_letters.
+// begins, and dead are their rows for ratchet_dead_letters.
 type applyBatch struct {
 	batch    processor.Batch
 	delivery *dlqWait // nil when the batch had no decode poison
@@ -139,9 +139,8 @@ func (r *retry) Receive(c actor.Context) {
 
 func (r *retry) run(msg *applyBatch) error {
 	r.unrecorded = append(r.unrecorded[:0], msg.dead...)
-	// The delivery started when the batch was cut and runs while the
-	// transaction does its work; the transaction commits only once it is
-	// done.
+	// The delivery started when the batch was cut, usually while the batch
+	// before it was applied; safeApply waits for it before each attempt.
 	r.inFlight = msg.delivery
 	err := r.apply(msg.batch, r.cfg.Retry.MaxAttempts)
 	if err == nil && r.inFlight != nil {
