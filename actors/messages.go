@@ -24,8 +24,8 @@ type Records struct {
 }
 
 // Drain asks a partition actor to stop starting batches and to report its
-// watermark once the batch in flight, if any, is applied (and the batch cut
-// ahead of it, whose dead letters are already written). Sent by the poll
+// watermark once the batch in flight, if any, is applied (and the batches
+// cut ahead of it, whose dead letters are already written). Sent by the poll
 // loop on revoke and on stop, with RequestFuture; the reply is *Drained.
 type Drain struct{}
 

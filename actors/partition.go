@@ -88,11 +88,11 @@ type Partition struct {
 	lastQueued int64     // offset after the last queued record
 	inFlight   *applyBatch
 	inFlightN  int // raw records the batch in flight covers
-	// ready is the next full batch, cut and decoded while inFlight is in
-	// its transaction, its dead letters already on their way: it is sent
-	// the moment inFlight is applied. Only ever set while inFlight is.
-	ready     *applyBatch
-	readyN    int
+	// ready holds up to cutAhead full batches after inFlight, cut and
+	// decoded while it is in its transaction, their dead letters already on
+	// their way; the first is sent the moment inFlight is applied. Only
+	// ever non-empty while inFlight is set.
+	ready     []cutBatch
 	draining  bool
 	drainers  []*actor.PID
 	awaitSeek bool // restarted: drop records until the seek is confirmed
@@ -105,6 +105,20 @@ type Partition struct {
 	timer       *time.Timer
 	timerSeq    uint64
 }
+
+// cutBatch is a batch cut ahead and the raw records it covers.
+type cutBatch struct {
+	msg *applyBatch
+	n   int
+}
+
+// cutAhead bounds the batches a partition cuts ahead of the one in flight.
+// A batch with poison records cannot begin before their dead letters are
+// durable; cutting several batches ahead starts those writes several
+// transactions early, so the DLQ round trip (tens of milliseconds when the
+// broker is busy serving a backlog) stays off the partition's path. It
+// costs up to cutAhead × batch_size decoded records per partition.
+const cutAhead = 4
 
 // NewPartition returns the producer of a partition actor.
 func NewPartition(cfg *PartitionConfig) actor.Producer {
@@ -225,15 +239,17 @@ func (p *Partition) decode(m *kafka.Message) entry {
 
 // maybeDispatch starts the next batch when none is in flight and the queue
 // holds a full batch, or its oldest record has waited the linger time. With
-// a batch in flight it cuts the next full one ahead, so its decoding and its
-// dead letters' delivery overlap the transaction before it.
+// a batch in flight it cuts the next full ones ahead (up to cutAhead), so
+// their decoding and their dead letters' delivery overlap the transactions
+// before them.
 func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 	if p.draining {
 		return
 	}
 	if p.inFlight != nil {
-		if p.ready == nil && len(p.queue) >= p.cfg.BatchSize {
-			p.ready, p.readyN = p.cut(p.cfg.BatchSize)
+		for len(p.ready) < cutAhead && len(p.queue) >= p.cfg.BatchSize {
+			b, n := p.cut(p.cfg.BatchSize)
+			p.ready = append(p.ready, cutBatch{msg: b, n: n})
 		}
 		return
 	}
@@ -256,7 +272,10 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 func (p *Partition) cut(n int) (*applyBatch, int) {
 	take := p.queue[:n]
 	start := p.state.next
-	if p.inFlight != nil {
+	switch {
+	case len(p.ready) > 0:
+		start = p.ready[len(p.ready)-1].msg.batch.Next
+	case p.inFlight != nil:
 		start = p.inFlight.batch.Next
 	}
 	msg := &applyBatch{batch: processor.Batch{
@@ -300,11 +319,14 @@ func (p *Partition) send(c actor.Context, msg *applyBatch, n int) {
 	c.Send(p.retry, msg)
 }
 
-// dropReady forgets the batch cut ahead: its records are re-read after a
-// seek, or are the next owner's.
+// dropReady forgets the batches cut ahead: their records are re-read after
+// a seek, or are the next owner's.
 func (p *Partition) dropReady() {
-	p.release(p.readyN)
-	p.ready, p.readyN = nil, 0
+	for _, r := range p.ready {
+		p.release(r.n)
+	}
+	clear(p.ready)
+	p.ready = p.ready[:0]
 }
 
 func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
@@ -376,12 +398,13 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 	p.cfg.Progress.Next.Store(msg.next)
 	p.cfg.Metrics.StoredOffset.WithLabelValues(p.cfg.TP.Topic, metrics.Partition(p.cfg.TP.Partition)).Set(float64(msg.next))
 	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next})
-	if ready := p.ready; ready != nil {
-		// Also while draining: its dead letters are written, so applying
-		// it keeps them from being written again by the next owner.
-		n := p.readyN
-		p.ready, p.readyN = nil, 0
-		p.send(c, ready, n)
+	if len(p.ready) > 0 {
+		// Also while draining: their dead letters are written, so applying
+		// them keeps them from being written again by the next owner.
+		next := p.ready[0]
+		p.ready[0] = cutBatch{}
+		p.ready = p.ready[1:]
+		p.send(c, next.msg, next.n)
 		p.maybeDispatch(c, false)
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -84,9 +85,9 @@ func (d *recordingDLQ) snapshot() ([]int64, bool) {
 }
 
 // TestPartitionCutsTheNextBatchAhead: while one batch is held in its
-// transaction, the partition has already decoded the next one and written
-// its poison record to the DLQ; a drain then applies that batch too, so its
-// dead letter is not written again by the next owner.
+// transaction, the partition has already decoded the next ones and written
+// their poison records to the DLQ; a drain then applies those batches too,
+// so their dead letters are not written again by the next owner.
 func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
 	app := &gatedApplier{held: make(chan struct{}), release: make(chan struct{})}
@@ -112,9 +113,9 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	}
 	topic := tp.Topic
 	var msgs []*kafka.Message
-	for off := range int64(8) {
+	for off := range int64(12) {
 		v := good
-		if off == 5 {
+		if off == 5 || off == 9 {
 			v = []byte{0xff, 0xff, 0xff} // does not decode
 		}
 		msgs = append(msgs, &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Offset: kafka.Offset(off)}, Value: v})
@@ -125,10 +126,12 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	<-app.held // batch [0, 4) is in its transaction
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		offs, _ := dlq.snapshot()
-		return len(offs) == 1
-	}, "the poison record of the next batch dead-lettered")
-	if offs, whileHeld := dlq.snapshot(); offs[0] != 5 || !whileHeld {
-		t.Fatalf("dead letters %v, written while the batch before was held: %v; want [5], true", offs, whileHeld)
+		return len(offs) == 2
+	}, "the poison records of the next two batches dead-lettered")
+	offs, whileHeld := dlq.snapshot()
+	slices.Sort(offs) // each batch's letters go out on their own
+	if offs[0] != 5 || offs[1] != 9 || !whileHeld {
+		t.Fatalf("dead letters %v, written while the first batch was held: %v; want [5 9], true", offs, whileHeld)
 	}
 
 	drained := make(chan *Drained, 1)
@@ -146,12 +149,13 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	if d == nil {
 		return
 	}
-	if d.Next != 8 {
-		t.Errorf("drained at %d, want 8 (the batch cut ahead applied too)", d.Next)
+	if d.Next != 12 {
+		t.Errorf("drained at %d, want 12 (the batches cut ahead applied too)", d.Next)
 	}
 	got := app.snapshot()
-	if len(got) != 2 || got[0].Start != 0 || got[0].Next != 4 || got[1].Start != 4 || got[1].Next != 8 || len(got[1].Records) != 3 {
-		t.Errorf("batches %+v; want [0,4) with 4 records and [4,8) with 3", got)
+	if len(got) != 3 || got[0].Start != 0 || got[0].Next != 4 || got[1].Start != 4 || got[1].Next != 8 ||
+		got[2].Start != 8 || got[2].Next != 12 || len(got[1].Records) != 3 || len(got[2].Records) != 3 {
+		t.Errorf("batches %+v; want [0,4) with 4 records, [4,8) and [8,12) with 3", got)
 	}
 	if n := buffered.Load(); n != 0 {
 		t.Errorf("%d records still counted as buffered", n)
