@@ -91,9 +91,13 @@ type Supervisor struct {
 	overBudget chan TopicPartition
 	board      *Board
 	current    atomic.Pointer[kafka.Consumer] // the consumer whose callbacks count
-	// groupCheck runs the group-size check; groupCheckBusy keeps it to one.
+	// groupCheck runs the idle check's metadata request; groupCheckBusy
+	// keeps it to one. idleSince is when this instance was last left with
+	// no partition (zero while it has some); idleWarned: warned since.
 	groupCheck     sync.WaitGroup
 	groupCheckBusy atomic.Bool
+	idleSince      time.Time
+	idleWarned     bool
 	downSince      time.Time // first all-brokers-down since the last record
 	lastSnap       time.Time
 	lastRecs       map[TopicPartition]int64
@@ -214,6 +218,7 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 		recycleAt = time.Now().Add(s.cfg.RecycleInterval)
 	}
 	s.downSince = time.Time{}
+	s.idleSince, s.idleWarned = time.Time{}, false
 	for ctx.Err() == nil {
 		select {
 		case tp := <-s.overBudget:
@@ -254,6 +259,7 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 		s.flushPending()
 		if time.Since(s.lastSnap) >= time.Second {
 			s.snapshot()
+			s.checkIdle(s.consumer)
 		}
 	}
 	return "", nil
@@ -505,50 +511,56 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	}
 	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
 	s.snapshot()
-	if len(s.parts) == 0 {
-		s.cfg.Logger.Warn("no partitions assigned to this instance after a rebalance",
-			"hint", "a group with more members than input partitions leaves the extra members idle")
+	if len(s.parts) > 0 {
+		s.idleSince, s.idleWarned = time.Time{}, false
+	} else if s.idleSince.IsZero() {
+		s.idleSince = time.Now()
+		s.cfg.Logger.Info("no partitions assigned to this instance after a rebalance")
 	}
-	s.checkGroupSize(c)
 }
 
-// checkGroupSize warns when the group has more members than the input
-// topics have partitions: the extra members idle. librdkafka does not tell a
-// consumer its group's size, so this asks the coordinator, off the poll
-// loop, one check at a time; closeConsumer waits for it (the admin client
-// shares the consumer's handle and must not outlive it).
-func (s *Supervisor) checkGroupSize(c *kafka.Consumer) {
-	if s.cfg.GroupID == "" || !s.groupCheckBusy.CompareAndSwap(false, true) {
+// idleWarnAfter is how long an instance stays without partitions before it
+// warns that the group has more members than the input topics have
+// partitions. A member that joins a cooperative group is first given
+// nothing and gets its share one rebalance later, so an empty assignment
+// alone is no evidence; one that lasts this long is.
+const idleWarnAfter = 10 * time.Second
+
+// checkIdle warns, once per idle spell, when this instance has held no
+// partition for idleWarnAfter. Under cooperative-sticky, which spreads every
+// partition across the group, a member stays idle only when the group has
+// more members than the input topics have partitions.
+//
+// The group's size is not asked of the coordinator: librdkafka's
+// DescribeConsumerGroups can abort the process when the coordinator
+// connection drops while it is in flight (rd_kafka_enq_once_del_source_return
+// assertion, librdkafka issue 4605), which is the very fault ratchet must
+// ride out. The partition count comes from a metadata request, off the poll
+// loop; closeConsumer waits for it.
+func (s *Supervisor) checkIdle(c *kafka.Consumer) {
+	if s.idleSince.IsZero() || s.idleWarned || time.Since(s.idleSince) < idleWarnAfter {
 		return
 	}
-	admin, err := kafka.NewAdminClientFromConsumer(c)
-	if err != nil {
-		s.groupCheckBusy.Store(false)
+	if !s.groupCheckBusy.CompareAndSwap(false, true) {
 		return
 	}
+	s.idleWarned = true
 	topics := append([]string(nil), s.cfg.Topics...)
+	idleFor := time.Since(s.idleSince).Round(time.Second).String()
 	s.groupCheck.Go(func() { // ends within the 10 s deadline of its requests
 		defer s.groupCheckBusy.Store(false)
-		defer admin.Close() // derived from the consumer: does not close it
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
 		partitions := 0
 		for _, t := range topics {
-			md, err := admin.GetMetadata(&t, false, 10000)
+			md, err := c.GetMetadata(&t, false, 10000)
 			if err != nil {
 				return
 			}
 			partitions += len(md.Topics[t].Partitions)
 		}
-		res, err := admin.DescribeConsumerGroups(ctx, []string{s.cfg.GroupID})
-		if err != nil {
-			return
-		}
-		for _, g := range res.ConsumerGroupDescriptions {
-			if g.Error.Code() == kafka.ErrNoError && partitions > 0 && len(g.Members) > partitions {
-				s.cfg.Logger.Warn("consumer group has more members than input partitions; the extra members idle",
-					"group", g.GroupID, "members", len(g.Members), "partitions", partitions)
-			}
+		if partitions > 0 {
+			s.cfg.Logger.Warn("consumer group has more members than input partitions; the extra members idle",
+				"group", s.cfg.GroupID, "partitions", partitions, "assigned", 0, "idle_for", idleFor,
+				"hint", "run at most as many instances as the input topics have partitions")
 		}
 	})
 }
