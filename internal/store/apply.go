@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"ratchet/processor"
@@ -58,29 +59,12 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 	if claim != nil && (claim.Topic != b.Topic || claim.Partition != b.Partition) {
 		return fmt.Errorf("apply %s[%d]: claim is for %s[%d]", b.Topic, b.Partition, claim.Topic, claim.Partition)
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// The order keeps row locks short. Dead letters first: their rows
-		// are this partition's own, while processors often upsert rows that
-		// every partition touches (the dashboard's current minute), whose
-		// locks are held until COMMIT.
-		if claim != nil {
-			if err := recordDeadLetters(ctx, tx, claim, o.Dead); err != nil {
-				return err
-			}
-		}
-		if err := s.p.Process(ctx, tx, b); err != nil {
-			return fmt.Errorf("%s: %w", s.p.Name(), err)
-		}
-		// The offset row last: a new owner's claim waits for its lock, so
-		// taken at the end, a process frozen mid-batch (GC or VM pause,
-		// SIGSTOP) does not hold up the claim that fences it.
-		if claim != nil {
-			if err := advance(ctx, tx, b, claim); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	var err error
+	if claim == nil {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.process(ctx, tx, b) })
+	} else {
+		err = s.applyClaimed(ctx, b, claim, o.Dead)
+	}
 	if err != nil {
 		var conflict *OffsetConflictError
 		if errors.As(err, &conflict) {
@@ -91,24 +75,99 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 	return nil
 }
 
-// advance moves the stored position of claim's partition from b.Start to
-// b.Next inside tx, or classifies why it may not.
-func advance(ctx context.Context, tx pgx.Tx, b processor.Batch, claim *Claim) error {
-	tag, err := tx.Exec(ctx, `
-UPDATE ratchet_offsets SET next_offset = $5, updated_at = now()
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND next_offset = $6`,
-		claim.Group, claim.Topic, claim.Partition, claim.Epoch, b.Next, b.Start)
+func (s *Store) process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+	if err := s.p.Process(ctx, tx, b); err != nil {
+		return fmt.Errorf("%s: %w", s.p.Name(), err)
+	}
+	return nil
+}
+
+// advanceSQL moves the stored position guarded by epoch and start, and
+// fails with SQLSTATE refusedState when no row matches (migration 003).
+const (
+	advanceSQL   = `SELECT ratchet_advance($1, $2, $3, $4, $5, $6)`
+	refusedState = "RT409"
+)
+
+// applyClaimed is the exactly-once transaction: the processor's writes,
+// then the dead letters, the guarded advance and the COMMIT, those three
+// sent to the server together in one round trip. Processors often upsert
+// rows that every partition touches (the dashboard's current minute), whose
+// locks are held until COMMIT; sending the rest in one round trip releases
+// them sooner than a statement at a time would. A refused advance raises,
+// which aborts the transaction before its COMMIT. The offset row is last: a
+// new owner's claim waits for its lock, so taken at the end, a process
+// frozen mid-batch (GC or VM pause, SIGSTOP) does not hold up the claim that
+// fences it.
+func (s *Store) applyClaimed(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter) error {
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("advance offset: %w", err)
+		return err
 	}
-	if tag.RowsAffected() == 1 {
-		return nil
+	// Released to the pool only with no transaction open; the pool closes
+	// a connection left inside one.
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
 	}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := s.process(ctx, tx, b); err != nil {
+		return err
+	}
+	var finish pgx.Batch
+	queueDeadLetters(&finish, claim, dead)
+	finish.Queue(advanceSQL, claim.Group, claim.Topic, claim.Partition, claim.Epoch, b.Start, b.Next)
+	finish.Queue("COMMIT")
+	br := conn.SendBatch(ctx, &finish)
+	var deadErr error
+	if len(dead) > 0 {
+		_, deadErr = br.Exec()
+	}
+	_, advErr := br.Exec()
+	_, commitErr := br.Exec()
+	closeErr := br.Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case deadErr != nil:
+		return fmt.Errorf("record dead letters: %w", deadErr)
+	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		done = true
+		// Asked on this connection: another one from the pool could be
+		// a wait for the last free one.
+		return refused(ctx, conn, b, claim)
+	case advErr != nil:
+		return fmt.Errorf("advance offset: %w", advErr)
+	case commitErr != nil:
+		return fmt.Errorf("commit: %w", commitErr)
+	case closeErr != nil:
+		return fmt.Errorf("commit: %w", closeErr)
+	}
+	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		// COMMIT answered without error yet a transaction is still open:
+		// never count that as applied.
+		return fmt.Errorf("commit: transaction status %q after COMMIT", st)
+	}
+	done = true
+	return nil
+}
+
+// refused classifies why claim's advance from b.Start was refused, from the
+// row as it is now.
+func refused(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, b processor.Batch, claim *Claim) error {
 	conflict := &OffsetConflictError{
 		Kind: Fenced, Group: claim.Group, Topic: claim.Topic, Partition: claim.Partition,
 		Epoch: claim.Epoch, Start: b.Start, StoredNext: -1,
 	}
-	err = tx.QueryRow(ctx, `
+	err := q.QueryRow(ctx, `
 SELECT epoch, next_offset FROM ratchet_offsets
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
 		claim.Group, claim.Topic, claim.Partition).Scan(&conflict.StoredEpoch, &conflict.StoredNext)
@@ -127,8 +186,8 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3`,
 	case b.Start < conflict.StoredNext:
 		conflict.Kind = Overlap
 	default:
-		// Same epoch and position, yet the update matched nothing: the row
-		// changed between the two statements, so someone else touched it.
+		// Same epoch and position now, yet the update matched nothing when
+		// it ran: someone else moved the row in between.
 		conflict.Kind = Fenced
 	}
 	return conflict
@@ -143,9 +202,12 @@ type DeadLetter struct {
 	FailedAt time.Time
 }
 
-func recordDeadLetters(ctx context.Context, tx pgx.Tx, claim *Claim, dead []DeadLetter) error {
+// queueDeadLetters queues the insert of dead into ratchet_dead_letters (a
+// record dead-lettered twice after a crash is recorded once); nothing when
+// dead is empty.
+func queueDeadLetters(batch *pgx.Batch, claim *Claim, dead []DeadLetter) {
 	if len(dead) == 0 {
-		return nil
+		return
 	}
 	offsets := make([]int64, len(dead))
 	errs := make([]string, len(dead))
@@ -155,12 +217,8 @@ func recordDeadLetters(ctx context.Context, tx pgx.Tx, claim *Claim, dead []Dead
 	for i, d := range dead {
 		offsets[i], errs[i], attempts[i], topics[i], at[i] = d.Offset, d.Error, int32(d.Attempts), d.DLQTopic, d.FailedAt
 	}
-	_, err := tx.Exec(ctx, `
+	batch.Queue(`
 INSERT INTO ratchet_dead_letters (consumer_group, topic, partition, "offset", error, attempts, dlq_topic, failed_at)
 SELECT $1, $2, $3, o, e, a, d, f FROM unnest($4::bigint[], $5::text[], $6::int[], $7::text[], $8::timestamptz[]) AS t(o, e, a, d, f)
 ON CONFLICT DO NOTHING`, claim.Group, claim.Topic, claim.Partition, offsets, errs, attempts, topics, at)
-	if err != nil {
-		return fmt.Errorf("record dead letters: %w", err)
-	}
-	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"ratchet/internal/store"
+	"ratchet/internal/testenv"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
@@ -237,5 +238,129 @@ func TestApplyProcessorError(t *testing.T) {
 				t.Errorf("next_offset = %d, want 0", got)
 			}
 		})
+	}
+}
+
+// TestApplyLeavesNoTransactionOpen: the exactly-once transaction ends with
+// its advance and COMMIT sent together, outside pgx's Tx bookkeeping, so
+// every way out (applied, refused, processor error) must leave the
+// connection back in the pool with no transaction open, and a single
+// connection must serve the next batch.
+func TestApplyLeavesNoTransactionOpen(t *testing.T) {
+	url := testenv.Postgres(t)
+	pool := openPool(t, url, 1)
+	ctx := testCtx(t)
+	if err := store.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	claim, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "a", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := false
+	p := processor.Func{ProcessorName: "dashboard-or-fail", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		if err := dashboard.New().Process(ctx, tx, b); err != nil {
+			return err
+		}
+		if fail {
+			return errors.New("boom")
+		}
+		return nil
+	}}
+	s := store.New(pool, p)
+	observer := openPool(t, url, 1)
+	openTx := func() int {
+		var n int
+		err := observer.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	steps := []struct {
+		name    string
+		b       processor.Batch
+		fail    bool
+		wantErr bool
+	}{
+		{"applied", batch(0, 3), false, false},
+		{"refused (gap)", batch(5, 6), false, true},
+		{"processor error", batch(3, 4), true, true},
+		{"applied after both", batch(3, 5), false, false},
+	}
+	for _, st := range steps {
+		fail = st.fail
+		err := s.Apply(ctx, st.b, &claim)
+		if (err != nil) != st.wantErr {
+			t.Fatalf("%s: Apply = %v", st.name, err)
+		}
+		if n := openTx(); n != 0 {
+			t.Fatalf("%s: %d connections left inside a transaction", st.name, n)
+		}
+	}
+	if got := storedNext(t, pool); got != 5 {
+		t.Errorf("next_offset = %d, want 5", got)
+	}
+	if got := rollups(t, pool); len(got) != 1 || got[0].Count != 5 {
+		t.Errorf("rollups = %+v, want count 5", got)
+	}
+}
+
+// TestApplyRecordsDeadLettersWithTheOffset: dead letters are written in the
+// batch's transaction, so a refused batch records none, and a record dead-
+// lettered again after a crash is recorded once.
+func TestApplyRecordsDeadLettersWithTheOffset(t *testing.T) {
+	pool := migratedPool(t)
+	ctx := testCtx(t)
+	s := store.New(pool, dashboard.New())
+	claim, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "a", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := func(offsets ...int64) []store.DeadLetter {
+		var out []store.DeadLetter
+		for _, o := range offsets {
+			out = append(out, store.DeadLetter{Offset: o, Error: "decode: bad", Attempts: 1, DLQTopic: "events.dlq", FailedAt: t0})
+		}
+		return out
+	}
+	recorded := func() []int64 {
+		rows, err := pool.Query(ctx, `SELECT "offset" FROM ratchet_dead_letters ORDER BY "offset"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	good := batch(0, 4)
+	good.Records = slices.Delete(good.Records, 1, 2) // offset 1 was dead-lettered
+	if err := s.Apply(ctx, good, &claim, dead(1)...); err != nil {
+		t.Fatal(err)
+	}
+	if got := recorded(); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("dead letters = %v, want [1]", got)
+	}
+	// A gap: refused, and its dead letter is not recorded.
+	if err := s.Apply(ctx, batch(6, 8), &claim, dead(7)...); !store.IsOffsetConflict(err) {
+		t.Fatalf("Apply of a gap = %v, want an offset conflict", err)
+	}
+	if got := recorded(); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("dead letters after a refused batch = %v, want [1]", got)
+	}
+	// Offset 1 again (dead-lettered twice after a crash) plus a new one.
+	next := batch(4, 6)
+	next.Records = next.Records[:1]
+	if err := s.Apply(ctx, next, &claim, dead(1, 5)...); err != nil {
+		t.Fatal(err)
+	}
+	if got := recorded(); !slices.Equal(got, []int64{1, 5}) {
+		t.Fatalf("dead letters = %v, want [1 5]", got)
+	}
+	if got := storedNext(t, pool); got != 6 {
+		t.Errorf("next_offset = %d, want 6", got)
 	}
 }
