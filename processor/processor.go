@@ -14,6 +14,9 @@
 //     succeed as it is; ratchet then isolates the records that cause it.
 //     Any other error is classified by its cause (PostgreSQL SQLSTATE,
 //     connection loss) and retried when transient.
+//   - Writes whose results Process does not need, to rows other partitions
+//     also update, are best made with ExecLast: they then run with the
+//     COMMIT, in the same round trip, and hold those rows' locks shortest.
 //   - Process runs on the partition's own goroutine; batches of one partition
 //     never overlap, batches of different partitions run concurrently.
 package processor
@@ -61,6 +64,34 @@ type Processor interface {
 	// Process applies b inside tx. See the package documentation for the
 	// contract.
 	Process(ctx context.Context, tx pgx.Tx, b Batch) error
+}
+
+// Deferrer is implemented by the transaction ratchet passes to Process. A
+// statement deferred with it runs in the same transaction after Process
+// returns, in the order deferred, sent to the server in one round trip
+// together with ratchet's own closing statements (the dead letters, the
+// guarded offset advance) and the COMMIT.
+//
+// It suits a batch's last writes to rows that every partition updates (the
+// dashboard's current minute): their row locks are then held for no client
+// round trip at all, only while the server runs the statements and
+// commits. Process does not see a deferred statement's result; an error it
+// raises fails the batch as an error of Process would, classified by its
+// SQLSTATE.
+type Deferrer interface {
+	Defer(sql string, args ...any)
+}
+
+// ExecLast runs sql in tx as one of the batch's last writes: deferred to the
+// COMMIT's round trip when tx is a Deferrer (as in ratchet), at once
+// otherwise (a plain pgx.Tx, in tests or tools).
+func ExecLast(ctx context.Context, tx pgx.Tx, sql string, args ...any) error {
+	if d, ok := tx.(Deferrer); ok {
+		d.Defer(sql, args...)
+		return nil
+	}
+	_, err := tx.Exec(ctx, sql, args...)
+	return err
 }
 
 // Func adapts a function to a Processor.

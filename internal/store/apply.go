@@ -59,13 +59,7 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 	if claim != nil && (claim.Topic != b.Topic || claim.Partition != b.Partition) {
 		return fmt.Errorf("apply %s[%d]: claim is for %s[%d]", b.Topic, b.Partition, claim.Topic, claim.Partition)
 	}
-	var err error
-	if claim == nil {
-		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.process(ctx, tx, b) })
-	} else {
-		err = s.applyClaimed(ctx, b, claim, o.Dead)
-	}
-	if err != nil {
+	if err := s.apply(ctx, b, claim, o.Dead); err != nil {
 		var conflict *OffsetConflictError
 		if errors.As(err, &conflict) {
 			return err
@@ -89,17 +83,17 @@ const (
 	refusedState = "RT409"
 )
 
-// applyClaimed is the exactly-once transaction: the processor's writes,
-// then the dead letters, the guarded advance and the COMMIT, those three
-// sent to the server together in one round trip. Processors often upsert
-// rows that every partition touches (the dashboard's current minute), whose
-// locks are held until COMMIT; sending the rest in one round trip releases
-// them sooner than a statement at a time would. A refused advance raises,
-// which aborts the transaction before its COMMIT. The offset row is last: a
-// new owner's claim waits for its lock, so taken at the end, a process
-// frozen mid-batch (GC or VM pause, SIGSTOP) does not hold up the claim that
-// fences it.
-func (s *Store) applyClaimed(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter) error {
+// apply runs b's transaction: the processor's immediate writes, then, sent
+// to the server together in one round trip, the statements it deferred,
+// with a claim (exactly-once) the dead letters and the guarded advance, and
+// the COMMIT. Processors often write rows that every partition touches (the
+// dashboard's current minute), whose locks are held until COMMIT; a write
+// deferred to that round trip holds them for no client round trip at all.
+// A refused advance raises, which aborts the transaction before its COMMIT.
+// The offset row is last: a new owner's claim waits for its lock, so taken
+// at the end, a process frozen mid-batch (GC or VM pause, SIGSTOP) does not
+// hold up the claim that fences it.
+func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -117,23 +111,41 @@ func (s *Store) applyClaimed(ctx context.Context, b processor.Batch, claim *Clai
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if err := s.process(ctx, tx, b); err != nil {
+	dtx := &deferringTx{Tx: tx}
+	if err := s.process(ctx, dtx, b); err != nil {
 		return err
 	}
-	var finish pgx.Batch
-	queueDeadLetters(&finish, claim, dead)
-	finish.Queue(advanceSQL, claim.Group, claim.Topic, claim.Partition, claim.Epoch, b.Start, b.Next)
+	finish := &dtx.deferred
+	deferred := finish.Len()
+	if claim != nil {
+		queueDeadLetters(finish, claim, dead)
+		finish.Queue(advanceSQL, claim.Group, claim.Topic, claim.Partition, claim.Epoch, b.Start, b.Next)
+	} else {
+		dead = nil
+	}
 	finish.Queue("COMMIT")
-	br := conn.SendBatch(ctx, &finish)
-	var deadErr error
-	if len(dead) > 0 {
+	br := conn.SendBatch(ctx, finish)
+	var deferredErr, deadErr, advErr error
+	for i := 0; i < deferred && deferredErr == nil; i++ {
+		if _, err := br.Exec(); err != nil {
+			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, err)
+		}
+	}
+	if deferredErr == nil && len(dead) > 0 {
 		_, deadErr = br.Exec()
 	}
-	_, advErr := br.Exec()
-	_, commitErr := br.Exec()
+	if deferredErr == nil && deadErr == nil && claim != nil {
+		_, advErr = br.Exec()
+	}
+	var commitErr error
+	if deferredErr == nil && deadErr == nil && advErr == nil {
+		_, commitErr = br.Exec()
+	}
 	closeErr := br.Close()
 	var pgErr *pgconn.PgError
 	switch {
+	case deferredErr != nil:
+		return deferredErr
 	case deadErr != nil:
 		return fmt.Errorf("record dead letters: %w", deadErr)
 	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
@@ -157,6 +169,16 @@ func (s *Store) applyClaimed(ctx context.Context, b processor.Batch, claim *Clai
 	done = true
 	return nil
 }
+
+// deferringTx is the pgx.Tx Process receives: it also takes the statements
+// the processor defers to the COMMIT's round trip (processor.Deferrer).
+type deferringTx struct {
+	pgx.Tx
+	deferred pgx.Batch
+}
+
+// Defer implements processor.Deferrer.
+func (t *deferringTx) Defer(sql string, args ...any) { t.deferred.Queue(sql, args...) }
 
 // refused classifies why claim's advance from b.Start was refused, from the
 // row as it is now.

@@ -22,9 +22,10 @@ import (
 // partitions at once, every batch updating the same few rollup rows, as a
 // backlog drain does: the transactions queue on those rows' locks, so how
 // long each holds them sets the throughput. "pipelined" is store.Apply (the
-// guarded advance and COMMIT in one round trip); "statement-at-a-time" is
-// the same transaction with the advance and the COMMIT sent one after the
-// other, the baseline. Reported in events/s.
+// dashboard's upsert deferred, sent with the guarded advance and the COMMIT
+// in one round trip); "statement-at-a-time" is the same transaction with
+// the upsert, the advance and the COMMIT each in its own round trip, the
+// baseline. Reported in events/s.
 func BenchmarkApplyContended(b *testing.B) {
 	const partitions, size = 12, 500
 	for _, bc := range []struct {

@@ -364,3 +364,77 @@ func TestApplyRecordsDeadLettersWithTheOffset(t *testing.T) {
 		t.Errorf("next_offset = %d, want 6", got)
 	}
 }
+
+// TestApplyRunsDeferredStatementsWithTheCommit: statements a processor
+// defers run after Process, in order, in the batch's transaction (both
+// modes); one that fails fails the batch, classified by its SQLSTATE, and
+// nothing of the batch is committed.
+func TestApplyRunsDeferredStatementsWithTheCommit(t *testing.T) {
+	pool := migratedPool(t)
+	ctx := testCtx(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE deferred_test (id int PRIMARY KEY, n int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	var deferredSeen bool
+	p := processor.Func{ProcessorName: "deferring", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		_, deferredSeen = tx.(processor.Deferrer)
+		if err := processor.ExecLast(ctx, tx, `INSERT INTO deferred_test VALUES ($1, 0) ON CONFLICT (id) DO NOTHING`, int(b.Start)); err != nil {
+			return err
+		}
+		// Deferred after the insert: it must see the row.
+		return processor.ExecLast(ctx, tx, `UPDATE deferred_test SET n = n + $2 WHERE id = $1`, int(b.Start), len(b.Records))
+	}}
+	s := store.New(pool, p)
+	n := func(id int) int {
+		var v int
+		if err := pool.QueryRow(ctx, `SELECT coalesce((SELECT n FROM deferred_test WHERE id = $1), -1)`, id).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	claim, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "a", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply(ctx, batch(0, 3), &claim); err != nil {
+		t.Fatal(err)
+	}
+	if !deferredSeen {
+		t.Fatal("the transaction passed to Process is not a processor.Deferrer")
+	}
+	if got := n(0); got != 3 {
+		t.Fatalf("exactly-once: n = %d, want 3 (insert, then update, in order)", got)
+	}
+	if err := s.Apply(ctx, batch(100, 102), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := n(100); got != 2 {
+		t.Fatalf("at-least-once: n = %d, want 2", got)
+	}
+
+	// A deferred statement that breaks a constraint: a record error, and
+	// the batch leaves no trace.
+	failing := processor.Func{ProcessorName: "failing", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		if err := processor.ExecLast(ctx, tx, `UPDATE deferred_test SET n = 99 WHERE id = 0`); err != nil {
+			return err
+		}
+		return processor.ExecLast(ctx, tx, `INSERT INTO deferred_test VALUES (100, 0)`) // duplicate key
+	}}
+	fs := store.New(pool, failing)
+	for _, c := range []*store.Claim{&claim, nil} {
+		err := fs.Apply(ctx, batch(3, 5), c, store.DeadLetter{Offset: 4, Error: "x", Attempts: 1, DLQTopic: "d", FailedAt: t0})
+		if !store.IsRecordError(err) || store.IsTransient(err) || store.IsOffsetConflict(err) {
+			t.Fatalf("claim %v: Apply = %v, want a record error", c != nil, err)
+		}
+		if got := n(0); got != 3 {
+			t.Errorf("claim %v: n = %d after a failed batch, want 3", c != nil, got)
+		}
+	}
+	if got := storedNext(t, pool); got != 3 {
+		t.Errorf("next_offset = %d after a failed batch, want 3", got)
+	}
+	var dead int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ratchet_dead_letters`).Scan(&dead); err != nil || dead != 0 {
+		t.Errorf("dead letters after a failed batch = %d (%v), want 0", dead, err)
+	}
+}

@@ -65,7 +65,9 @@ func (Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) erro
 		metrics[i], buckets[i] = r.Metric, r.Bucket
 		counts[i], sums[i], mins[i], maxs[i] = r.Count, r.Sum, r.Min, r.Max
 	}
-	if _, err := tx.Exec(ctx, upsert, metrics, buckets, counts, sums, mins, maxs); err != nil {
+	// Every partition updates the current minute's rows: the upsert goes
+	// with the COMMIT, so their locks are held for no round trip.
+	if err := processor.ExecLast(ctx, tx, upsert, metrics, buckets, counts, sums, mins, maxs); err != nil {
 		return fmt.Errorf("upsert %d rollups: %w", n, err)
 	}
 	return nil
