@@ -181,6 +181,7 @@ func run(ctx context.Context) error {
 
 	// 2. Drains, interleaved.
 	for r := 1; r <= o.rounds; r++ {
+		cpu0 := readCPUStat()
 		a, err := drainCeiling(ctx, env.brokers, "events", fmt.Sprintf("bench-a-%d", r), o.events)
 		if err != nil {
 			return err
@@ -225,7 +226,9 @@ func run(ctx context.Context) error {
 			return err
 		}
 		say("round %d (d) naive loop:         %9.0f events/s (%d in %s)", r, d.Rate(), d.Events, d.Steady.Round(time.Millisecond))
-		rep.rounds = append(rep.rounds, round{a: a, b: bres, c: c, d: d, e: e})
+		steal := stealPercent(cpu0, readCPUStat())
+		say("round %d: CPU steal %.0f %%", r, steal)
+		rep.rounds = append(rep.rounds, round{a: a, b: bres, c: c, d: d, e: e, steal: steal})
 	}
 
 	// Profiles where a throughput target is missed.

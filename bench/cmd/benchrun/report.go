@@ -16,6 +16,7 @@ import (
 type round struct {
 	a, b, c, d drainResult
 	e          drainResult // (c) on a backlog with 1 % poison
+	steal      float64     // % of CPU time stolen by other guests during the round
 }
 
 // report collects every figure of a run.
@@ -88,6 +89,13 @@ func (r *report) table() string {
 	row("(b) ratchet at-least-once, no-op", fmt.Sprintf("%.0f events/s (rounds: %s)", m.b, perRound(rb)), "", "")
 	row("(c) ratchet exactly-once, dashboard", fmt.Sprintf("%.0f events/s (rounds: %s)", m.c, perRound(rc)), "", "")
 	row("(d) naive loop, upsert per record, auto commit", fmt.Sprintf("%.0f events/s (rounds: %s)", m.d, perRound(rd)), "", "")
+	if len(r.rounds) > 0 && r.rounds[0].steal >= 0 {
+		var st []string
+		for _, x := range r.rounds {
+			st = append(st, fmt.Sprintf("%.0f %%", x.steal))
+		}
+		row("CPU steal during each round (time the hypervisor gave to other guests)", strings.Join(st, ", "), "", "")
+	}
 	s, v := r.ratios(rb, ra)
 	row("(b) / (a)", fmt.Sprintf("%.2f (rounds: %s)", v, s), "≥ 0.9", passMiss(v >= 0.9))
 	s, v = r.ratios(rc, ra)
