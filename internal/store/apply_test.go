@@ -34,6 +34,16 @@ func batch(start, next int64) processor.Batch {
 	return b
 }
 
+// claimFor claims partition 0 of topic for owner "a" in group "g".
+func claimFor(tb testing.TB, pool *pgxpool.Pool, topic string) store.Claim {
+	tb.Helper()
+	c, err := store.ClaimPartition(testCtx(tb), pool, "g", topic, 0, "a", 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
 func rollups(tb testing.TB, pool *pgxpool.Pool) []dashboard.Rollup {
 	tb.Helper()
 	rs, err := dashboard.Read(testCtx(tb), pool, time.Time{})
@@ -59,10 +69,7 @@ func TestApplyExactlyOnce(t *testing.T) {
 	pool := migratedPool(t)
 	ctx := testCtx(t)
 	s := store.New(pool, dashboard.New())
-	claim, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	claim := claimFor(t, pool, "events")
 	if err := s.Apply(ctx, batch(0, 3), &claim); err != nil {
 		t.Fatalf("apply 0..3: %v", err)
 	}
@@ -160,10 +167,7 @@ func TestApplyRefusesBadArguments(t *testing.T) {
 	pool := migratedPool(t)
 	ctx := testCtx(t)
 	s := store.New(pool, dashboard.New())
-	claim, err := store.ClaimPartition(ctx, pool, "g", "clicks", 0, "a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	claim := claimFor(t, pool, "clicks")
 	tests := []struct {
 		name  string
 		b     processor.Batch
@@ -215,10 +219,7 @@ func TestApplyProcessorError(t *testing.T) {
 		return boom
 	}}
 	s := store.New(pool, failing)
-	claim, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	claim := claimFor(t, pool, "events")
 	for _, mode := range []struct {
 		name  string
 		claim *store.Claim
@@ -253,10 +254,7 @@ func TestApplyLeavesNoTransactionOpen(t *testing.T) {
 	if err := store.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	claim, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	claim := claimFor(t, pool, "events")
 	fail := false
 	p := processor.Func{ProcessorName: "dashboard-or-fail", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
 		if err := dashboard.New().Process(ctx, tx, b); err != nil {
@@ -314,10 +312,7 @@ func TestApplyRecordsDeadLettersWithTheOffset(t *testing.T) {
 	pool := migratedPool(t)
 	ctx := testCtx(t)
 	s := store.New(pool, dashboard.New())
-	claim, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	claim := claimFor(t, pool, "events")
 	dead := func(offsets ...int64) []store.DeadLetter {
 		var out []store.DeadLetter
 		for _, o := range offsets {
@@ -392,10 +387,7 @@ func TestApplyRunsDeferredStatementsWithTheCommit(t *testing.T) {
 		}
 		return v
 	}
-	claim, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	claim := claimFor(t, pool, "events")
 	if err := s.Apply(ctx, batch(0, 3), &claim); err != nil {
 		t.Fatal(err)
 	}
