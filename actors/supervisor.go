@@ -51,7 +51,7 @@ type SupervisorConfig struct {
 	// DLQTopic returns the dead-letter topic of an input topic.
 	DLQTopic  func(topic string) string
 	Committer *actor.PID
-	// GroupID is kafka.group_id, for the group-size check.
+	// GroupID is kafka.group_id, named in the idle-member warning.
 	GroupID string
 	// InstanceID is kafka.instance_id (static membership), for messages.
 	InstanceID string
