@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -54,9 +55,13 @@ func checkLoaded(t *testing.T, c Config, err error) {
 		if !SensitiveProperty(k) || len(v) < 6 {
 			continue
 		}
+		// Without this one property, the value must not show anywhere: it
+		// may be part of another name or value (a key of zeros and a
+		// password of zeros), which is no leak.
 		blank := c
-		blank.Kafka.Properties = Properties{}
-		if !strings.Contains(blank.String(), v) && strings.Contains(printed, v) {
+		blank.Kafka.Properties = maps.Clone(c.Kafka.Properties)
+		delete(blank.Kafka.Properties, k)
+		if !strings.Contains(blank.String()+"\n"+blank.GoString(), v) && strings.Contains(printed, v) {
 			t.Errorf("kafka.properties %s: its value shows in the printed configuration", k)
 		}
 	}
