@@ -99,6 +99,12 @@ func ProducerConfig(brokers []string, props map[string]string) *kafka.ConfigMap 
 		"linger.ms":                    5,
 		"compression.type":             "lz4",
 		"queue.buffering.max.messages": 1000000,
+		// confluent-kafka-go allocates both Go channels at full size up
+		// front: at their defaults of 1,000,000 entries that is 24 MB of
+		// heap the collector scans on every cycle. Delivery reports are
+		// read as they come, and ProduceChannel is not used.
+		"go.events.channel.size":  10000,
+		"go.produce.channel.size": 1000,
 	}
 	for k, v := range props {
 		m[k] = v

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -99,5 +100,28 @@ func TestBacklogFetchReachesEveryPartition(t *testing.T) {
 	if len(seen) != partitions {
 		t.Fatalf("the first %d records came from %d of %d partitions (%v): a backlog is fetched a few partitions at a time",
 			quarter, len(seen), partitions, seen)
+	}
+}
+
+// TestProducerChannelsAreSmall: confluent-kafka-go allocates a producer's
+// Go channels at their configured size when the producer is created, at
+// 1,000,000 entries each by default: 24 MB of heap in every ratchet
+// instance (the DLQ producer), which the soft memory limit counts and the
+// collector scans on every cycle.
+func TestProducerChannelsAreSmall(t *testing.T) {
+	_, addr := testenv.Kafka(t, 1, "events")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	p, err := kafkaclient.NewProducer([]string{addr}, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > 4<<20 {
+		t.Fatalf("creating a producer grew the heap by %d MiB", grown>>20)
 	}
 }
