@@ -84,15 +84,18 @@ const (
 )
 
 // apply runs b's transaction: the processor's immediate writes, then, sent
-// to the server together in one round trip, the statements it deferred,
-// with a claim (exactly-once) the dead letters and the guarded advance, and
-// the COMMIT. Processors often write rows that every partition touches (the
-// dashboard's current minute), whose locks are held until COMMIT; a write
-// deferred to that round trip holds them for no client round trip at all.
-// A refused advance raises, which aborts the transaction before its COMMIT.
-// The offset row is last: a new owner's claim waits for its lock, so taken
-// at the end, a process frozen mid-batch (GC or VM pause, SIGSTOP) does not
-// hold up the claim that fences it.
+// to the server together in one round trip, with a claim (exactly-once) the
+// dead letters and the guarded advance, the statements the processor
+// deferred, and the COMMIT. Processors often write rows that every
+// partition touches (the dashboard's current minute), whose locks are held
+// until COMMIT; a write deferred to that round trip holds them for no
+// client round trip at all, and, queued after this partition's own rows
+// (its offset row, its dead letters), for as short a time as the
+// transaction allows. A refused advance raises, which aborts the
+// transaction before the deferred writes run. Nothing waits on the client
+// between the first statement of that round trip and the COMMIT, so a
+// process frozen there (GC or VM pause, SIGSTOP) holds no lock: the server
+// finishes the transaction on its own.
 func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -115,27 +118,32 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	if err := s.process(ctx, dtx, b); err != nil {
 		return err
 	}
-	finish := &dtx.deferred
-	deferred := finish.Len()
+	// The rows the deferred statements write, which other partitions
+	// write too, are locked last, just before COMMIT: the dead letters and
+	// the advance touch only this partition's rows, and a refused advance
+	// aborts before the processor's deferred writes run at all.
+	finish := &pgx.Batch{}
 	if claim != nil {
 		queueDeadLetters(finish, claim, dead)
 		finish.Queue(advanceSQL, claim.Group, claim.Topic, claim.Partition, claim.Epoch, b.Start, b.Next)
 	} else {
 		dead = nil
 	}
+	deferred := dtx.deferred.Len()
+	finish.QueuedQueries = append(finish.QueuedQueries, dtx.deferred.QueuedQueries...)
 	finish.Queue("COMMIT")
 	br := conn.SendBatch(ctx, finish)
 	var deferredErr, deadErr, advErr error
-	for i := 0; i < deferred && deferredErr == nil; i++ {
+	if len(dead) > 0 {
+		_, deadErr = br.Exec()
+	}
+	if deadErr == nil && claim != nil {
+		_, advErr = br.Exec()
+	}
+	for i := 0; i < deferred && deadErr == nil && advErr == nil && deferredErr == nil; i++ {
 		if _, err := br.Exec(); err != nil {
 			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, err)
 		}
-	}
-	if deferredErr == nil && len(dead) > 0 {
-		_, deadErr = br.Exec()
-	}
-	if deferredErr == nil && deadErr == nil && claim != nil {
-		_, advErr = br.Exec()
 	}
 	var commitErr error
 	if deferredErr == nil && deadErr == nil && advErr == nil {
@@ -144,8 +152,6 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	closeErr := br.Close()
 	var pgErr *pgconn.PgError
 	switch {
-	case deferredErr != nil:
-		return deferredErr
 	case deadErr != nil:
 		return fmt.Errorf("record dead letters: %w", deadErr)
 	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
@@ -156,6 +162,8 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 		return refused(ctx, conn, b, claim)
 	case advErr != nil:
 		return fmt.Errorf("advance offset: %w", advErr)
+	case deferredErr != nil:
+		return deferredErr
 	case commitErr != nil:
 		return fmt.Errorf("commit: %w", commitErr)
 	case closeErr != nil:

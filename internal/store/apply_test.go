@@ -367,7 +367,8 @@ func TestApplyRecordsDeadLettersWithTheOffset(t *testing.T) {
 func TestApplyRunsDeferredStatementsWithTheCommit(t *testing.T) {
 	pool := migratedPool(t)
 	ctx := testCtx(t)
-	if _, err := pool.Exec(ctx, `CREATE TABLE deferred_test (id int PRIMARY KEY, n int NOT NULL)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE deferred_test (id int PRIMARY KEY, n int NOT NULL);
+		CREATE TABLE deferred_seen (next_offset bigint)`); err != nil {
 		t.Fatal(err)
 	}
 	var deferredSeen bool
@@ -377,7 +378,12 @@ func TestApplyRunsDeferredStatementsWithTheCommit(t *testing.T) {
 			return err
 		}
 		// Deferred after the insert: it must see the row.
-		return processor.ExecLast(ctx, tx, `UPDATE deferred_test SET n = n + $2 WHERE id = $1`, int(b.Start), len(b.Records))
+		if err := processor.ExecLast(ctx, tx, `UPDATE deferred_test SET n = n + $2 WHERE id = $1`, int(b.Start), len(b.Records)); err != nil {
+			return err
+		}
+		// The advance runs before the deferred writes, so the rows other
+		// partitions share are locked last: this one sees it done.
+		return processor.ExecLast(ctx, tx, `INSERT INTO deferred_seen SELECT max(next_offset) FROM ratchet_offsets`)
 	}}
 	s := store.New(pool, p)
 	n := func(id int) int {
@@ -396,6 +402,13 @@ func TestApplyRunsDeferredStatementsWithTheCommit(t *testing.T) {
 	}
 	if got := n(0); got != 3 {
 		t.Fatalf("exactly-once: n = %d, want 3 (insert, then update, in order)", got)
+	}
+	var seen int64
+	if err := pool.QueryRow(ctx, `SELECT next_offset FROM deferred_seen`).Scan(&seen); err != nil {
+		t.Fatal(err)
+	}
+	if seen != 3 {
+		t.Fatalf("a deferred statement saw next_offset %d, want 3: the advance must run before the deferred writes", seen)
 	}
 	if err := s.Apply(ctx, batch(100, 102), nil); err != nil {
 		t.Fatal(err)
