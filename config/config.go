@@ -81,6 +81,13 @@ type Postgres struct {
 	// MaxConns (postgres.max_conns) is the pool size; 0 means the number of
 	// partitions of the input topics + 4, chosen at start from their metadata.
 	MaxConns int
+	// SynchronousCommit (postgres.synchronous_commit) is on or off. Off
+	// lets exactly-once batch transactions commit without waiting for
+	// their WAL flush (PostgreSQL's synchronous_commit, set per
+	// transaction): the rows every partition updates are unlocked sooner.
+	// A PostgreSQL crash can then lose the last transactions, results and
+	// offsets together, and ratchet applies them again from Kafka.
+	SynchronousCommit string
 }
 
 // Processing is the processing section: batching and back-pressure.
@@ -141,7 +148,7 @@ func Default() Config {
 			Properties:      Properties{},
 			AutoOffsetReset: "earliest",
 		},
-		Postgres: Postgres{URL: "postgres://localhost:5432/ratchet"},
+		Postgres: Postgres{URL: "postgres://localhost:5432/ratchet", SynchronousCommit: "on"},
 		Processing: Processing{
 			BatchSize:               500,
 			BatchLinger:             20 * time.Millisecond,

@@ -64,6 +64,7 @@ func TestDefaults(t *testing.T) {
 		{"kafka.auto_offset_reset", cfg.Kafka.AutoOffsetReset, "earliest"},
 		{"postgres.url", cfg.Postgres.URL.Reveal(), "postgres://localhost:5432/ratchet"},
 		{"postgres.max_conns", cfg.Postgres.MaxConns, 0},
+		{"postgres.synchronous_commit", cfg.Postgres.SynchronousCommit, "on"},
 		{"processing.batch_size", cfg.Processing.BatchSize, 500},
 		{"processing.batch_linger", cfg.Processing.BatchLinger, 20 * time.Millisecond},
 		{"processing.max_buffered_per_partition", cfg.Processing.MaxBufferedPerPartition, 10000},
@@ -119,6 +120,7 @@ kafka:
 postgres:
   url: postgresql://app@db:5433/x?sslmode=require
   max_conns: 8
+  synchronous_commit: on
 processing:
   batch_size: 100
   batch_linger: 5ms
@@ -149,7 +151,7 @@ log:
 			Properties:      Properties{"security.protocol": "SASL_SSL", "sasl.password": "pw"},
 			RecycleInterval: time.Hour, AutoOffsetReset: "latest",
 		},
-		Postgres:    Postgres{URL: "postgresql://app@db:5433/x?sslmode=require", MaxConns: 8},
+		Postgres:    Postgres{URL: "postgresql://app@db:5433/x?sslmode=require", MaxConns: 8, SynchronousCommit: "on"},
 		Processing:  Processing{BatchSize: 100, BatchLinger: 5 * time.Millisecond, MaxBufferedPerPartition: 200},
 		Commit:      Commit{Mode: ModeAtLeastOnce, Interval: 250 * time.Millisecond},
 		Retry:       Retry{InitialBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 3},
@@ -269,5 +271,14 @@ http:
 	}
 	if cfg.FormatFor("views") != "json" || cfg.FormatFor("clicks") != "protobuf" {
 		t.Errorf("formats: views %s, clicks %s", cfg.FormatFor("views"), cfg.FormatFor("clicks"))
+	}
+}
+
+// TestSynchronousCommitOffUnquoted: YAML 1.1 reads a bare off as false;
+// the key must still get the string a user wrote.
+func TestSynchronousCommitOffUnquoted(t *testing.T) {
+	got := mustLoad(t, writeFile(t, "postgres:\n  synchronous_commit: off\n"))
+	if got.Postgres.SynchronousCommit != "off" {
+		t.Fatalf("postgres.synchronous_commit = %q, want off", got.Postgres.SynchronousCommit)
 	}
 }

@@ -210,7 +210,7 @@ func (e *engine) run(ctx context.Context) error {
 			MaxBackoff:     cfg.Retry.MaxBackoff,
 			MaxAttempts:    cfg.Retry.MaxAttempts,
 		},
-		Applier:          store.New(pool, e.opts.Processor),
+		Applier:          store.New(pool, e.opts.Processor, storeOptions(cfg)...),
 		DLQ:              actors.DLQClient{Root: system.Root, PID: dlq},
 		DLQTopic:         cfg.Kafka.DLQTopic,
 		Committer:        committer,
@@ -335,4 +335,12 @@ func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, 
 		}
 	}
 	return total, nil
+}
+
+// storeOptions are the store's settings from cfg.
+func storeOptions(cfg config.Config) []store.Option {
+	if cfg.Postgres.SynchronousCommit == "off" && cfg.Commit.Mode == config.ModeExactlyOnce {
+		return []store.Option{store.AsyncCommit()}
+	}
+	return nil
 }

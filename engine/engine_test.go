@@ -530,3 +530,61 @@ func TestEveryPartitionCanApplyAtOnce(t *testing.T) {
 	testenv.Eventually(t, 60*time.Second, func() bool { return b.most.Load() >= b.want },
 		"%d transactions open at once", partitions)
 }
+
+// TestLostCommitsAreAppliedAgain: with postgres.synchronous_commit off, a
+// PostgreSQL crash can undo the last committed transactions. Each takes
+// its results and its offset advance with it, so the store moves back
+// consistently under the same epoch; the engine, whose partitions are
+// further on, must notice at the next batch and apply the lost records
+// again, exactly once. The test does to the database what such a crash
+// does: it moves every partition's stored offset back and deletes the
+// results of the records after it.
+func TestLostCommitsAreAppliedAgain(t *testing.T) {
+	_, addr := testenv.Kafka(t, 12, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Postgres.SynchronousCommit = "off"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
+	s := stream(t, addr, 100, 10*time.Millisecond)
+	r := start(t, cfg, ledger{"engine"}, "engine")
+	waitApplied(t, pool, 3000)
+
+	// Lock every offset row first (waiting for the batches in flight), so
+	// the statement after it sees every result those batches committed.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM ratchet_offsets FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	tag, err := tx.Exec(ctx, `
+WITH cut AS (
+	UPDATE ratchet_offsets SET next_offset = greatest(next_offset - 40, 0)
+	RETURNING topic, partition, next_offset)
+DELETE FROM test_ledger l USING cut
+WHERE l.topic = cut.topic AND l.partition = cut.partition AND l.off >= cut.next_offset`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if tag.RowsAffected() == 0 {
+		t.Fatal("the simulated crash undid no results")
+	}
+	t.Logf("undid %d applied records", tag.RowsAffected())
+
+	waitApplied(t, pool, count(t, pool, `SELECT count(DISTINCT id) FROM test_ledger`)+2000)
+	s.stop()
+	waitApplied(t, pool, s.sent.Load())
+	r.stop(t)
+	assertLedgerExactlyOnce(t, pool, s.sent.Load())
+}

@@ -16,13 +16,30 @@ import (
 // Store applies batches through a processor, each in one transaction.
 // It is safe for concurrent use by several partitions.
 type Store struct {
-	pool *pgxpool.Pool
-	p    processor.Processor
+	pool        *pgxpool.Pool
+	p           processor.Processor
+	asyncCommit bool
 }
 
+// Option configures a Store.
+type Option func(*Store)
+
+// AsyncCommit makes exactly-once transactions commit without waiting for
+// their WAL flush (SET LOCAL synchronous_commit = off): rows that every
+// partition updates are unlocked before the flush instead of after it. A
+// PostgreSQL crash can lose the last transactions so committed; each one
+// takes its results and its offset advance with it, so the store still
+// says where to resume, and the records are applied again. At-least-once
+// transactions always wait: Kafka's commit would pass their lost results.
+func AsyncCommit() Option { return func(s *Store) { s.asyncCommit = true } }
+
 // New returns a Store that applies batches with p on pool.
-func New(pool *pgxpool.Pool, p processor.Processor) *Store {
-	return &Store{pool: pool, p: p}
+func New(pool *pgxpool.Pool, p processor.Processor, opts ...Option) *Store {
+	s := &Store{pool: pool, p: p}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Apply runs the processor on b in one transaction and commits it.
@@ -123,6 +140,10 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	// the advance touch only this partition's rows, and a refused advance
 	// aborts before the processor's deferred writes run at all.
 	finish := &pgx.Batch{}
+	async := claim != nil && s.asyncCommit
+	if async {
+		finish.Queue("SET LOCAL synchronous_commit = off")
+	}
 	if claim != nil {
 		queueDeadLetters(finish, claim, dead)
 		finish.Queue(advanceSQL, claim.Group, claim.Topic, claim.Partition, claim.Epoch, b.Start, b.Next)
@@ -133,25 +154,32 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	finish.QueuedQueries = append(finish.QueuedQueries, dtx.deferred.QueuedQueries...)
 	finish.Queue("COMMIT")
 	br := conn.SendBatch(ctx, finish)
-	var deferredErr, deadErr, advErr error
-	if len(dead) > 0 {
+	var setErr, deferredErr, deadErr, advErr error
+	if async {
+		if _, err := br.Exec(); err != nil {
+			setErr = fmt.Errorf("set synchronous_commit: %w", err)
+		}
+	}
+	if setErr == nil && len(dead) > 0 {
 		_, deadErr = br.Exec()
 	}
-	if deadErr == nil && claim != nil {
+	if setErr == nil && deadErr == nil && claim != nil {
 		_, advErr = br.Exec()
 	}
-	for i := 0; i < deferred && deadErr == nil && advErr == nil && deferredErr == nil; i++ {
+	for i := 0; i < deferred && setErr == nil && deadErr == nil && advErr == nil && deferredErr == nil; i++ {
 		if _, err := br.Exec(); err != nil {
 			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, err)
 		}
 	}
 	var commitErr error
-	if deferredErr == nil && deadErr == nil && advErr == nil {
+	if setErr == nil && deferredErr == nil && deadErr == nil && advErr == nil {
 		_, commitErr = br.Exec()
 	}
 	closeErr := br.Close()
 	var pgErr *pgconn.PgError
 	switch {
+	case setErr != nil:
+		return setErr
 	case deadErr != nil:
 		return fmt.Errorf("record dead letters: %w", deadErr)
 	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:

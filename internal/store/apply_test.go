@@ -443,3 +443,52 @@ func TestApplyRunsDeferredStatementsWithTheCommit(t *testing.T) {
 		t.Errorf("dead letters after a failed batch = %d (%v), want 0", dead, err)
 	}
 }
+
+// TestAsyncCommitOnlyInExactlyOnce: with AsyncCommit, exactly-once
+// transactions commit without waiting for the WAL flush; at-least-once
+// ones, whose results Kafka's commit would pass, and every transaction of
+// a default Store, still wait.
+func TestAsyncCommitOnlyInExactlyOnce(t *testing.T) {
+	pool := migratedPool(t)
+	ctx := testCtx(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE commit_setting (start bigint PRIMARY KEY, setting text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	p := processor.Func{ProcessorName: "setting", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		return processor.ExecLast(ctx, tx, `INSERT INTO commit_setting VALUES ($1, current_setting('synchronous_commit'))`, b.Start)
+	}}
+	claim := claimFor(t, pool, "events")
+	async, sync := store.New(pool, p, store.AsyncCommit()), store.New(pool, p)
+	steps := []struct {
+		s     *store.Store
+		b     processor.Batch
+		claim *store.Claim
+		want  string
+	}{
+		{async, batch(0, 2), &claim, "off"},
+		{sync, batch(2, 4), &claim, "on"},
+		{async, batch(100, 102), nil, "on"},
+	}
+	for _, st := range steps {
+		if err := st.s.Apply(ctx, st.b, st.claim); err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		if err := pool.QueryRow(ctx, `SELECT setting FROM commit_setting WHERE start = $1`, st.b.Start).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != st.want {
+			t.Errorf("batch at %d (claim %v): synchronous_commit %s, want %s", st.b.Start, st.claim != nil, got, st.want)
+		}
+	}
+	// The setting was local to each transaction.
+	var session string
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if err := conn.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&session); err != nil || session != "on" {
+		t.Errorf("a pooled connection has synchronous_commit %q (%v), want on", session, err)
+	}
+}
