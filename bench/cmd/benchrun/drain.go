@@ -27,6 +27,10 @@ type drainResult struct {
 	Events int64
 	Wall   time.Duration // from start (subscribe / engine.Run) to the last record
 	Steady time.Duration // from the first record seen to the last
+	// TxBusy is the time spent in batch transactions, summed over the
+	// partitions (ratchet_batch_duration_seconds); TxBusy/Steady is how
+	// many partitions were inside a transaction on average.
+	TxBusy time.Duration
 }
 
 // Rate is events per second from the first record to the last, so group
@@ -199,7 +203,7 @@ func (e *runningEngine) stop() error {
 // drainRatchet drains topic with the in-process engine in mode with proc
 // until every record was applied. With profile set it writes a CPU profile
 // of the drain there.
-func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string, proc processor.Processor, n int64, profile string) (drainResult, error) {
+func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string, proc processor.Processor, n int64, profile string, tweaks ...func(*config.Config)) (drainResult, error) {
 	if profile != "" {
 		f, err := os.Create(profile)
 		if err != nil {
@@ -211,15 +215,46 @@ func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string,
 		}
 		defer pprof.StopCPUProfile()
 	}
-	e := startEngine(ctx, env.config(env.brokers, topic, group, mode), proc, env.engineLog)
+	cfg := env.config(env.brokers, topic, group, mode)
+	for _, t := range tweaks {
+		t(&cfg)
+	}
+	e := startEngine(ctx, cfg, proc, env.engineLog)
 	first, last, err := e.waitRecords(ctx, n, 10*time.Minute)
+	busy := e.histogramSum("ratchet_batch_duration_seconds")
 	if serr := e.stop(); err == nil && serr != nil {
 		err = serr
 	}
 	if err != nil {
 		return drainResult{}, fmt.Errorf("ratchet %s: %w", mode, err)
 	}
-	return drainResult{Events: n, Wall: last.Sub(e.start), Steady: last.Sub(first)}, nil
+	return drainResult{Events: n, Wall: last.Sub(e.start), Steady: last.Sub(first), TxBusy: busy}, nil
+}
+
+// histogramSum adds up the sample sums of a histogram family (seconds).
+func (e *runningEngine) histogramSum(name string) time.Duration {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return time.Duration(sum * float64(time.Second))
+}
+
+// inTx is how many partitions were inside a batch transaction on average.
+func (r drainResult) inTx() float64 {
+	if r.Steady <= 0 {
+		return 0
+	}
+	return r.TxBusy.Seconds() / r.Steady.Seconds()
 }
 
 // rollupCount returns sum(count) of dashboard_rollups.

@@ -191,7 +191,7 @@ func run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		say("round %d (b) at-least-once noop: %9.0f events/s (wall %s)", r, bres.Rate(), bres.Wall.Round(time.Millisecond))
+		say("round %d (b) at-least-once noop: %9.0f events/s (wall %s), %.1f partitions in a transaction", r, bres.Rate(), bres.Wall.Round(time.Millisecond), bres.inTx())
 		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
 			return err
 		}
@@ -202,7 +202,19 @@ func run(ctx context.Context) error {
 		if got, err := rollupCount(ctx, env); err != nil || got != o.events {
 			return fmt.Errorf("round %d (c): sum(count) in dashboard_rollups is %d, want %d (%v)", r, got, o.events, err)
 		}
-		say("round %d (c) exactly-once dash:  %9.0f events/s (wall %s), sum(count)=%d", r, c.Rate(), c.Wall.Round(time.Millisecond), o.events)
+		say("round %d (c) exactly-once dash:  %9.0f events/s (wall %s), sum(count)=%d, %.1f partitions in a transaction", r, c.Rate(), c.Wall.Round(time.Millisecond), o.events, c.inTx())
+		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
+			return err
+		}
+		f, err := drainRatchet(ctx, env, "events", fmt.Sprintf("bench-f-%d", r), config.ModeExactlyOnce, dashboard.New(), o.events, "",
+			func(c *config.Config) { c.Postgres.SynchronousCommit = "off" })
+		if err != nil {
+			return err
+		}
+		if got, err := rollupCount(ctx, env); err != nil || got != o.events {
+			return fmt.Errorf("round %d (f): sum(count) in dashboard_rollups is %d, want %d (%v)", r, got, o.events, err)
+		}
+		say("round %d (f) exactly-once, async:  %9.0f events/s (wall %s), sum(count)=%d, %.1f partitions in a transaction", r, f.Rate(), f.Wall.Round(time.Millisecond), o.events, f.inTx())
 		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
 			return err
 		}
@@ -228,7 +240,7 @@ func run(ctx context.Context) error {
 		say("round %d (d) naive loop:         %9.0f events/s (%d in %s)", r, d.Rate(), d.Events, d.Steady.Round(time.Millisecond))
 		steal := stealPercent(cpu0, readCPUStat())
 		say("round %d: CPU steal %.0f %%", r, steal)
-		rep.rounds = append(rep.rounds, round{a: a, b: bres, c: c, d: d, e: e, steal: steal})
+		rep.rounds = append(rep.rounds, round{a: a, b: bres, c: c, d: d, e: e, f: f, steal: steal})
 	}
 
 	// Profiles where a throughput target is missed.

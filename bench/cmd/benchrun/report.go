@@ -16,6 +16,7 @@ import (
 type round struct {
 	a, b, c, d drainResult
 	e          drainResult // (c) on a backlog with 1 % poison
+	f          drainResult // (c) with postgres.synchronous_commit off
 	steal      float64     // % of CPU time stolen by other guests during the round
 }
 
@@ -89,6 +90,15 @@ func (r *report) table() string {
 	row("(b) ratchet at-least-once, no-op", fmt.Sprintf("%.0f events/s (rounds: %s)", m.b, perRound(rb)), "", "")
 	row("(c) ratchet exactly-once, dashboard", fmt.Sprintf("%.0f events/s (rounds: %s)", m.c, perRound(rc)), "", "")
 	row("(d) naive loop, upsert per record, auto commit", fmt.Sprintf("%.0f events/s (rounds: %s)", m.d, perRound(rd)), "", "")
+	inTx := func(f func(round) drainResult) string {
+		var s []string
+		for _, x := range r.rounds {
+			s = append(s, fmt.Sprintf("%.1f", f(x).inTx()))
+		}
+		return strings.Join(s, ", ")
+	}
+	row("partitions inside a batch transaction on average, (b) / (c), per round (of 12)",
+		inTx(func(x round) drainResult { return x.b })+" / "+inTx(func(x round) drainResult { return x.c }), "", "")
 	if len(r.rounds) > 0 && r.rounds[0].steal >= 0 {
 		var st []string
 		for _, x := range r.rounds {
@@ -112,6 +122,16 @@ func (r *report) table() string {
 			fmt.Sprintf("%.0f events/s (rounds: %s)", median(es), perRound(re)), "", "")
 		s, v = r.ratios(re, rc)
 		row("(e) / (c): poison run against the clean run", fmt.Sprintf("%.2f (rounds: %s)", v, s), "≥ 0.8", passMiss(v >= 0.8))
+	}
+	if len(r.rounds) > 0 && r.rounds[0].f.Events > 0 {
+		rf := func(x round) float64 { return x.f.Rate() }
+		var fs []float64
+		for _, x := range r.rounds {
+			fs = append(fs, x.f.Rate())
+		}
+		row("(f) as (c) with `postgres.synchronous_commit: off` (opt-in)", fmt.Sprintf("%.0f events/s (rounds: %s)", median(fs), perRound(rf)), "", "")
+		s, v = r.ratios(rf, ra)
+		row("(f) / (a)", fmt.Sprintf("%.2f (rounds: %s)", v, s), "(for comparison with (c) / (a))", "")
 	}
 	l := r.latency
 	row(fmt.Sprintf("latency p50 at %.0f events/s, produce → committed", l.Rate), ms(l.P50), "", "")
@@ -170,10 +190,12 @@ func (r *report) markdown(table string) string {
 	sb.WriteString("\n## How each figure is measured\n\n")
 	fmt.Fprintf(&sb, "- Broker: `ratchet broker` (kfake, in memory) as a separate process, 12 partitions per topic. Backlogs, produced with the in-process `internal/produce` producer (rate 0, lz4): %s. Broker RSS after the preload: %.0f MiB.\n",
 		strings.Join(r.preload, "; "), r.brokerRSS)
-	fmt.Fprintf(&sb, "- Drains: %d rounds, each (a), (b), (c), (d) in that order, each with a fresh consumer group on the same %d-event backlog. Rate = events / (time of the last record − time of the first record), so group join time is left out (wall times are in `bench/out/bench.log`).\n", o.rounds, o.events)
+	fmt.Fprintf(&sb, "- Drains: %d rounds, each (a), (b), (c), (f), (e), (d) in that order, each with a fresh consumer group on the same %d-event backlog. Rate = events / (time of the last record − time of the first record), so group join time is left out (wall times are in `bench/out/bench.log`).\n", o.rounds, o.events)
 	sb.WriteString("  - (a): confluent-kafka-go `Poll(100)` loop with `kafkaclient.ConsumerConfig` (auto commit and offset store off, cooperative-sticky, ratchet's fetch settings), counting messages, decoding nothing.\n")
 	sb.WriteString("  - (b): `engine.Run` in-process, `commit.mode=at-least-once`, a `processor.Func` that returns nil, other settings default; done when `ratchet_records_total` (the engine's registry, polled every 5 ms) reaches the backlog.\n")
-	sb.WriteString("  - (c): `engine.Run` in-process, defaults (exactly-once, dashboard processor, batch_size 500, linger 20ms); same completion check, then `sum(count)` of `dashboard_rollups` is checked to equal the backlog.\n")
+	sb.WriteString("  - (c): `engine.Run` in-process, defaults (exactly-once, dashboard processor, batch_size 500, linger 20ms); same completion check, then `sum(count)` of `dashboard_rollups` is checked to equal the backlog. \"Partitions inside a batch transaction\" is the sum of `ratchet_batch_duration_seconds` over the drain's duration: near 12, the partitions wait on PostgreSQL (in (c), on the row locks of the current minute, which every partition's transaction updates); near 0, on their input.\n")
+	sb.WriteString("  - (f): as (c) with `postgres.synchronous_commit: off`, an opt-in setting (transactions commit without waiting for the WAL flush; see the README's Guarantees), not the default.\n")
+	sb.WriteString("  - (e): as (c) on a backlog of the same size with 1 % poison records; its rate counts every record read, poison included, and the DLQ rows in `ratchet_dead_letters` are checked to equal the poison count.\n")
 	fmt.Fprintf(&sb, "  - (d): `Poll`, `proto.Unmarshal`, one `INSERT ... ON CONFLICT DO UPDATE` per record on one connection (autocommit, i.e. one transaction each), librdkafka defaults (`enable.auto.commit=true`); run for %s from its first record.\n", o.naiveFor)
 	fmt.Fprintf(&sb, "- Latency: in-process engine at its defaults (exactly-once, dashboard) on topic `lat`; a paced producer (linger 5 ms) writes %.0f events/s for %s. For each record: time from its `Produce` call to the first moment `ratchet_offsets.next_offset` of its partition was seen past it (PostgreSQL polled every 5 ms from outside the engine, so up to 5 ms high). The first 2 s are left out as warm-up; %d records counted. The engine's own `ratchet_end_to_end_latency_seconds` histogram is given too (quantiles interpolated inside its power-of-two buckets).\n",
 		o.latRate, o.latFor, r.latency.Events)
