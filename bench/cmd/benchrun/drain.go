@@ -136,7 +136,8 @@ func startEngine(ctx context.Context, cfg config.Config, proc processor.Processo
 	return e
 }
 
-// counter sums a counter family of the engine's registry.
+// counter sums a family of the engine's registry: counter and gauge
+// values, histogram sample sums.
 func (e *runningEngine) counter(name string) float64 {
 	mfs, err := e.reg.Gather()
 	if err != nil {
@@ -153,6 +154,8 @@ func (e *runningEngine) counter(name string) float64 {
 				sum += m.Counter.GetValue()
 			case m.Gauge != nil:
 				sum += m.Gauge.GetValue()
+			case m.Histogram != nil:
+				sum += m.Histogram.GetSampleSum()
 			}
 		}
 	}
@@ -233,20 +236,7 @@ func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string,
 
 // histogramSum adds up the sample sums of a histogram family (seconds).
 func (e *runningEngine) histogramSum(name string) time.Duration {
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		return 0
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetHistogram().GetSampleSum()
-		}
-	}
-	return time.Duration(sum * float64(time.Second))
+	return time.Duration(e.counter(name) * float64(time.Second))
 }
 
 // inTx is how many partitions were inside a batch transaction on average.
