@@ -232,7 +232,7 @@ func run(ctx context.Context) error {
 		if err := db.pool.QueryRow(ctx, "SELECT count(*) FROM ratchet_dead_letters WHERE consumer_group = $1", egroup).Scan(&dead); err != nil || dead != rep.poison {
 			return fmt.Errorf("round %d (e): %d dead letters recorded, want %d (%v)", r, dead, rep.poison, err)
 		}
-		say("round %d (e) exactly-once, 1%% poison: %9.0f events/s (wall %s), %d dead-lettered", r, e.Rate(), e.Wall.Round(time.Millisecond), dead)
+		say("round %d (e) exactly-once, 1%% poison: %9.0f events/s (wall %s), %d dead-lettered, %.1f partitions in a transaction", r, e.Rate(), e.Wall.Round(time.Millisecond), dead, e.inTx())
 		d, err := drainNaive(ctx, env, "events", fmt.Sprintf("bench-d-%d", r), o.naiveFor)
 		if err != nil {
 			return err
