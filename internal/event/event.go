@@ -23,6 +23,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ratchetv1 "ratchet/messages/ratchet/v1"
 )
@@ -69,7 +70,19 @@ func Decode(format string, value []byte) (*ratchetv1.Event, error) {
 type Decoder struct {
 	format string
 	in     interner
+	slab   []slot // events not handed out yet
 }
+
+// slot is an event with room for its time: a Decoder allocates them
+// slabSize at a time, one allocation for what would be two an event. An
+// event keeps its slab alive until the slab's last event is dropped, which
+// for the records of a batch is soon.
+type slot struct {
+	ev ratchetv1.Event
+	ts timestamppb.Timestamp
+}
+
+const slabSize = 64
 
 // NewDecoder returns a Decoder for format (empty means FormatProtobuf).
 func NewDecoder(format string) *Decoder {
@@ -78,14 +91,24 @@ func NewDecoder(format string) *Decoder {
 
 // Decode is the package-level Decode with d's format.
 func (d *Decoder) Decode(value []byte) (*ratchetv1.Event, error) {
-	return decode(d.format, value, &d.in)
+	if len(d.slab) == 0 {
+		d.slab = make([]slot, slabSize)
+	}
+	s := &d.slab[0]
+	d.slab = d.slab[1:]
+	return decodeInto(d.format, value, &d.in, &s.ev, &s.ts)
 }
 
 func decode(format string, value []byte, in *interner) (*ratchetv1.Event, error) {
-	ev := new(ratchetv1.Event)
+	return decodeInto(format, value, in, new(ratchetv1.Event), nil)
+}
+
+// decodeInto decodes value into ev, a new, empty event; ts, when not nil,
+// is an empty Timestamp for the event's time.
+func decodeInto(format string, value []byte, in *interner, ev *ratchetv1.Event, ts *timestamppb.Timestamp) (*ratchetv1.Event, error) {
 	switch format {
 	case FormatProtobuf, "":
-		if unmarshalFast(value, ev, in) != nil {
+		if unmarshalFast(value, ev, in, ts) != nil {
 			// Not a shape the fast path takes: proto.Unmarshal decides,
 			// and words the error.
 			ev.Reset()

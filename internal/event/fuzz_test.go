@@ -64,6 +64,14 @@ func FuzzDecodeJSON(f *testing.F) {
 func checkClassified(t *testing.T, format string, value []byte) {
 	t.Helper()
 	ev, err := Decode(format, value)
+	// A Decoder (events from a slab, shared strings) decides the same.
+	d := NewDecoder(format)
+	for range 2 {
+		dev, derr := d.Decode(value)
+		if (err == nil) != (derr == nil) || (err == nil && !proto.Equal(ev, dev)) {
+			t.Fatalf("Decode: %v, %v; Decoder.Decode: %v, %v", ev, err, dev, derr)
+		}
+	}
 	if err != nil {
 		var e *Error
 		if !errors.As(err, &e) {

@@ -81,8 +81,9 @@ func (in *interner) str(b []byte) string {
 }
 
 // unmarshalFast decodes value into ev (a new, empty event) or returns
-// errSlowPath. in may be nil.
-func unmarshalFast(value []byte, ev *ratchetv1.Event, in *interner) error {
+// errSlowPath. in may be nil. spare, when not nil, is an empty Timestamp
+// to use for the event's time instead of allocating one.
+func unmarshalFast(value []byte, ev *ratchetv1.Event, in *interner, spare *timestamppb.Timestamp) error {
 	b := value
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -124,7 +125,10 @@ func unmarshalFast(value []byte, ev *ratchetv1.Event, in *interner) error {
 			ev.Value = math.Float64frombits(x)
 		case fieldTime:
 			if ev.Time == nil {
-				ev.Time = new(timestamppb.Timestamp)
+				ev.Time = spare
+				if ev.Time == nil {
+					ev.Time = new(timestamppb.Timestamp)
+				}
 			}
 			// A repeated message field merges into the one already read.
 			if err := unmarshalTimestamp(v, ev.Time); err != nil {

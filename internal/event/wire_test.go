@@ -77,7 +77,7 @@ var fastCases = []struct {
 func TestFastPathMatchesProtoUnmarshal(t *testing.T) {
 	for _, tc := range fastCases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := unmarshalFast(tc.value, new(ratchetv1.Event), &interner{})
+			err := unmarshalFast(tc.value, new(ratchetv1.Event), &interner{}, nil)
 			if fast := err == nil; fast != tc.fast {
 				t.Fatalf("fast path taken = %v, want %v (err %v)", fast, tc.fast, err)
 			}
@@ -91,7 +91,7 @@ func TestFastPathMatchesProtoUnmarshal(t *testing.T) {
 func TestGeneratedEventsTakeTheFastPath(t *testing.T) {
 	for _, ev := range seedEvents() {
 		value := mustEncode(t, FormatProtobuf, ev)
-		if err := unmarshalFast(value, new(ratchetv1.Event), nil); err != nil {
+		if err := unmarshalFast(value, new(ratchetv1.Event), nil, nil); err != nil {
 			t.Errorf("%v: %v", ev, err)
 		}
 	}
@@ -174,7 +174,7 @@ func checkSameAsProto(t *testing.T, value []byte) {
 	protoErr := proto.Unmarshal(value, want)
 
 	fast := new(ratchetv1.Event)
-	if err := unmarshalFast(value, fast, &interner{}); err == nil {
+	if err := unmarshalFast(value, fast, &interner{}, nil); err == nil {
 		if protoErr != nil {
 			t.Fatalf("fast path accepted %x; proto.Unmarshal: %v", value, protoErr)
 		}
