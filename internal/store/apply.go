@@ -109,10 +109,11 @@ const (
 // client round trip at all, and, queued after this partition's own rows
 // (its offset row, its dead letters), for as short a time as the
 // transaction allows. A refused advance raises, which aborts the
-// transaction before the deferred writes run. Nothing waits on the client
-// between the first statement of that round trip and the COMMIT, so a
-// process frozen there (GC or VM pause, SIGSTOP) holds no lock: the server
-// finishes the transaction on its own.
+// transaction before the deferred writes run. The offset row is locked only
+// in that last round trip, which the server finishes without waiting on
+// the client: a process frozen mid-batch (GC or VM pause, SIGSTOP) does not
+// hold up the claim that fences it, since a new owner's claim waits for
+// that row's lock.
 func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
