@@ -129,10 +129,8 @@ func (c Config) Validate() error {
 	}
 
 	v.oneOf("commit.mode", c.Commit.Mode, ModeExactlyOnce, ModeAtLeastOnce)
-	switch {
-	case c.Postgres.SynchronousCommit != "on" && c.Postgres.SynchronousCommit != "off":
-		v.oneOf("postgres.synchronous_commit", c.Postgres.SynchronousCommit, "on", "off")
-	case c.Postgres.SynchronousCommit == "off" && c.Commit.Mode == ModeAtLeastOnce:
+	v.oneOf("postgres.synchronous_commit", c.Postgres.SynchronousCommit, "on", "off")
+	if c.Postgres.SynchronousCommit == "off" && c.Commit.Mode == ModeAtLeastOnce {
 		// Kafka's committed offset would pass results a crash undid.
 		v.bad("postgres.synchronous_commit", "off", "on with commit.mode at-least-once (only exactly-once keeps the offsets with the results)")
 	}

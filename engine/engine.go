@@ -337,9 +337,11 @@ func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, 
 	return total, nil
 }
 
-// storeOptions are the store's settings from cfg.
+// storeOptions are the store's settings from cfg. AsyncCommit applies to
+// exactly-once transactions only (the store sees no claim otherwise), and
+// validation refuses it with at-least-once.
 func storeOptions(cfg config.Config) []store.Option {
-	if cfg.Postgres.SynchronousCommit == "off" && cfg.Commit.Mode == config.ModeExactlyOnce {
+	if cfg.Postgres.SynchronousCommit == "off" {
 		return []store.Option{store.AsyncCommit()}
 	}
 	return nil

@@ -60,8 +60,8 @@ func benchmarkDecode(b *testing.B, format string) {
 
 // TestDecoderAllocations holds a Decoder to its allocations an event: the
 // id string and the labels map (two: its header and its slots), with the
-// event and its time taken from a slab (five before the slabs). Each saved allocation is a few percent of the engine's CPU
-// in a backlog drain (make bench), where decoding is a quarter of it.
+// event and its time taken from a slab (five before the slabs). Decoding
+// is about a quarter of the engine's CPU in a backlog drain (make bench).
 func TestDecoderAllocations(t *testing.T) {
 	value := mustEncode(t, FormatProtobuf, sample())
 	d := NewDecoder(FormatProtobuf)

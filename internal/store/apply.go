@@ -155,32 +155,28 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	finish.QueuedQueries = append(finish.QueuedQueries, dtx.deferred.QueuedQueries...)
 	finish.Queue("COMMIT")
 	br := conn.SendBatch(ctx, finish)
-	var setErr, deferredErr, deadErr, advErr error
-	if async {
-		if _, err := br.Exec(); err != nil {
-			setErr = fmt.Errorf("set synchronous_commit: %w", err)
-		}
+	// Results come in the order queued; after the first error the server
+	// skips the rest, so reading stops there.
+	var setErr, deadErr, advErr, deferredErr, commitErr error
+	next := func(err *error) bool {
+		_, *err = br.Exec()
+		return *err == nil
 	}
-	if setErr == nil && len(dead) > 0 {
-		_, deadErr = br.Exec()
-	}
-	if setErr == nil && deadErr == nil && claim != nil {
-		_, advErr = br.Exec()
-	}
-	for i := 0; i < deferred && setErr == nil && deadErr == nil && advErr == nil && deferredErr == nil; i++ {
+	ok := (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil || next(&advErr))
+	for i := 0; ok && i < deferred; i++ {
 		if _, err := br.Exec(); err != nil {
 			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, err)
+			ok = false
 		}
 	}
-	var commitErr error
-	if setErr == nil && deferredErr == nil && deadErr == nil && advErr == nil {
+	if ok {
 		_, commitErr = br.Exec()
 	}
 	closeErr := br.Close()
 	var pgErr *pgconn.PgError
 	switch {
 	case setErr != nil:
-		return setErr
+		return fmt.Errorf("set synchronous_commit: %w", setErr)
 	case deadErr != nil:
 		return fmt.Errorf("record dead letters: %w", deadErr)
 	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:

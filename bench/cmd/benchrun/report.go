@@ -112,24 +112,23 @@ func (r *report) table() string {
 	row("(c) / (a)", fmt.Sprintf("%.2f (rounds: %s)", v, s), "≥ 0.7", passMiss(v >= 0.7))
 	s, v = r.ratios(rc, rd)
 	row("(c) / (d)", fmt.Sprintf("%.0f (rounds: %s)", v, s), "≥ 100", passMiss(v >= 100))
+	rates := func(f func(round) float64) string { // median and rounds
+		var xs []float64
+		for _, x := range r.rounds {
+			xs = append(xs, f(x))
+		}
+		return fmt.Sprintf("%.0f events/s (rounds: %s)", median(xs), perRound(f))
+	}
 	if len(r.rounds) > 0 && r.rounds[0].e.Events > 0 {
 		re := func(x round) float64 { return x.e.Rate() }
-		var es []float64
-		for _, x := range r.rounds {
-			es = append(es, x.e.Rate())
-		}
 		row(fmt.Sprintf("(e) ratchet exactly-once, dashboard, %d events with 1 %% poison (%d dead-lettered)", r.rounds[0].e.Events, r.poison),
-			fmt.Sprintf("%.0f events/s (rounds: %s)", median(es), perRound(re)), "", "")
+			rates(re), "", "")
 		s, v = r.ratios(re, rc)
 		row("(e) / (c): poison run against the clean run", fmt.Sprintf("%.2f (rounds: %s)", v, s), "≥ 0.8", passMiss(v >= 0.8))
 	}
 	if len(r.rounds) > 0 && r.rounds[0].f.Events > 0 {
 		rf := func(x round) float64 { return x.f.Rate() }
-		var fs []float64
-		for _, x := range r.rounds {
-			fs = append(fs, x.f.Rate())
-		}
-		row("(f) as (c) with `postgres.synchronous_commit: off` (opt-in)", fmt.Sprintf("%.0f events/s (rounds: %s)", median(fs), perRound(rf)), "", "")
+		row("(f) as (c) with `postgres.synchronous_commit: off` (opt-in)", rates(rf), "", "")
 		s, v = r.ratios(rf, ra)
 		row("(f) / (a)", fmt.Sprintf("%.2f (rounds: %s)", v, s), "(for comparison with (c) / (a))", "")
 	}
