@@ -86,11 +86,23 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 	return nil
 }
 
-func (s *Store) process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+func (s *Store) process(ctx context.Context, tx *lazyTx, b processor.Batch) (err error) {
+	defer func() {
+		// After a BEGIN that failed, a panic is that failure's (a
+		// LargeObjects used without a transaction); any other panic goes
+		// on to the engine, which isolates the record that causes it.
+		if tx.err != nil {
+			if r := recover(); r != nil {
+				err = tx.err
+			}
+		}
+	}()
 	if err := s.p.Process(ctx, tx, b); err != nil {
 		return fmt.Errorf("%s: %w", s.p.Name(), err)
 	}
-	return nil
+	// The processor may have swallowed the BEGIN's error: its writes did
+	// not happen, so the batch fails.
+	return tx.err
 }
 
 // advanceSQL moves the stored position guarded by epoch and start, and
@@ -103,7 +115,11 @@ const (
 // apply runs b's transaction: the processor's immediate writes, then, sent
 // to the server together in one round trip, with a claim (exactly-once) the
 // dead letters and the guarded advance, the statements the processor
-// deferred, and the COMMIT. Processors often write rows that every
+// deferred, and the COMMIT. The transaction begins when the processor
+// first sends a statement; a processor that only defers has its BEGIN sent
+// in that last round trip too, so the whole batch is one round trip, and
+// a batch with nothing to write (at-least-once, nothing written or
+// deferred) none, and needs no connection. Processors often write rows that every
 // partition touches (the dashboard's current minute), whose locks are held
 // until COMMIT; a write deferred to that round trip holds them for no
 // client round trip at all, and, queued after this partition's own rows
@@ -115,25 +131,17 @@ const (
 // hold up the claim that fences it, since a new owner's claim waits for
 // that row's lock.
 func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter) error {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
+	tx := &lazyTx{ctx: ctx, pool: s.pool}
+	defer tx.release()
+	if err := s.process(ctx, tx, b); err != nil {
 		return err
 	}
-	// Released to the pool only with no transaction open; the pool closes
-	// a connection left inside one.
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
+	begin := !tx.begun()
+	if begin && claim == nil && tx.deferred.Len() == 0 {
+		return nil // nothing to write, nothing to advance
 	}
-	done := false
-	defer func() {
-		if !done {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	dtx := &deferringTx{Tx: tx}
-	if err := s.process(ctx, dtx, b); err != nil {
+	conn, err := tx.connect(ctx)
+	if err != nil {
 		return err
 	}
 	// The rows the deferred statements write, which other partitions
@@ -141,6 +149,9 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	// the advance touch only this partition's rows, and a refused advance
 	// aborts before the processor's deferred writes run at all.
 	finish := &pgx.Batch{}
+	if begin {
+		finish.Queue("BEGIN")
+	}
 	async := claim != nil && s.asyncCommit
 	if async {
 		finish.Queue("SET LOCAL synchronous_commit = off")
@@ -151,18 +162,18 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	} else {
 		dead = nil
 	}
-	deferred := dtx.deferred.Len()
-	finish.QueuedQueries = append(finish.QueuedQueries, dtx.deferred.QueuedQueries...)
+	deferred := tx.deferred.Len()
+	finish.QueuedQueries = append(finish.QueuedQueries, tx.deferred.QueuedQueries...)
 	finish.Queue("COMMIT")
 	br := conn.SendBatch(ctx, finish)
 	// Results come in the order queued; after the first error the server
 	// skips the rest, so reading stops there.
-	var setErr, deadErr, advErr, deferredErr, commitErr error
+	var beginErr, setErr, deadErr, advErr, deferredErr, commitErr error
 	next := func(err *error) bool {
 		_, *err = br.Exec()
 		return *err == nil
 	}
-	ok := (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil || next(&advErr))
+	ok := (!begin || next(&beginErr)) && (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil || next(&advErr))
 	for i := 0; ok && i < deferred; i++ {
 		if _, err := br.Exec(); err != nil {
 			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, err)
@@ -175,13 +186,16 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	closeErr := br.Close()
 	var pgErr *pgconn.PgError
 	switch {
+	case beginErr != nil:
+		return fmt.Errorf("begin: %w", beginErr)
 	case setErr != nil:
 		return fmt.Errorf("set synchronous_commit: %w", setErr)
 	case deadErr != nil:
 		return fmt.Errorf("record dead letters: %w", deadErr)
 	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		done = true
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+			return fmt.Errorf("roll back a refused advance: %w", err)
+		}
 		// Asked on this connection: another one from the pool could be
 		// a wait for the last free one.
 		return refused(ctx, conn, b, claim)
@@ -199,19 +213,8 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 		// never count that as applied.
 		return fmt.Errorf("commit: transaction status %q after COMMIT", st)
 	}
-	done = true
 	return nil
 }
-
-// deferringTx is the pgx.Tx Process receives: it also takes the statements
-// the processor defers to the COMMIT's round trip (processor.Deferrer).
-type deferringTx struct {
-	pgx.Tx
-	deferred pgx.Batch
-}
-
-// Defer implements processor.Deferrer.
-func (t *deferringTx) Defer(sql string, args ...any) { t.deferred.Queue(sql, args...) }
 
 // refused classifies why claim's advance from b.Start was refused, from the
 // row as it is now.
