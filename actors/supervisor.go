@@ -83,7 +83,6 @@ type Supervisor struct {
 	// Fields below are touched only by the poll loop goroutine.
 	consumer *kafka.Consumer
 	parts    map[TopicPartition]*assigned
-	pending  map[TopicPartition][]*kafka.Message
 	gen      uint64
 	seeks    chan seekRequest
 	// overBudget carries partitions whose actor exceeded its restart
@@ -115,6 +114,9 @@ type assigned struct {
 	// overSince is when buffered went over the bound without the
 	// partition being paused yet (zero when it is not over).
 	overSince time.Time
+	// pending holds the records read in this round of the poll loop, not
+	// yet handed to the actor.
+	pending []*kafka.Message
 }
 
 // holdFor is how long the poll loop stops taking records while a partition
@@ -141,7 +143,6 @@ func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor 
 		cfg:      cfg,
 		system:   system,
 		parts:    make(map[TopicPartition]*assigned),
-		pending:  make(map[TopicPartition][]*kafka.Message),
 		seeks:    make(chan seekRequest, 1024),
 		board:    &Board{},
 		lastRecs: make(map[TopicPartition]int64),
@@ -309,8 +310,8 @@ func (s *Supervisor) handle(ev kafka.Event) (string, error) {
 			return "", nil
 		}
 		tp := TopicPartition{Topic: *e.TopicPartition.Topic, Partition: e.TopicPartition.Partition}
-		if _, ok := s.parts[tp]; ok {
-			s.pending[tp] = append(s.pending[tp], e)
+		if a, ok := s.parts[tp]; ok {
+			a.pending = append(a.pending, e)
 		}
 	case kafka.Error:
 		if e.IsFatal() {
@@ -336,15 +337,13 @@ func (s *Supervisor) handle(ev kafka.Event) (string, error) {
 
 // flushPending hands the records read in this round to their partitions.
 func (s *Supervisor) flushPending() {
-	for tp, msgs := range s.pending {
-		if len(msgs) == 0 {
+	for _, a := range s.parts {
+		if len(a.pending) == 0 {
 			continue
 		}
-		if a, ok := s.parts[tp]; ok {
-			a.buffered.Add(int64(len(msgs)))
-			s.system.Root.Send(a.pid, &Records{Seek: a.seek, Msgs: msgs})
-		}
-		s.pending[tp] = msgs[:0:0]
+		a.buffered.Add(int64(len(a.pending)))
+		s.system.Root.Send(a.pid, &Records{Seek: a.seek, Msgs: a.pending})
+		a.pending = a.pending[:0:0]
 	}
 }
 
@@ -423,7 +422,7 @@ func (s *Supervisor) seek(r seekRequest) {
 	// Records read before the seek are still in flight or pending: the new
 	// generation tells the actor to drop them.
 	a.seek++
-	delete(s.pending, r.tp)
+	a.pending = nil
 	s.system.Root.Send(r.pid, &Seeked{Seek: a.seek, Next: r.next})
 	s.cfg.Logger.Info("partition rewound to its watermark after restart", "topic", r.tp.Topic,
 		"partition", r.tp.Partition, "offset", r.next)
@@ -724,7 +723,6 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition) {
 		// Another member exports this partition's lag from now on.
 		s.cfg.Metrics.Lag.DeleteLabelValues(tp.Topic, metrics.Partition(tp.Partition))
 		delete(s.parts, tp)
-		delete(s.pending, tp)
 		wg.Go(func() { _ = s.system.Root.StopFuture(a.pid).Wait() })
 	}
 	wg.Wait()
