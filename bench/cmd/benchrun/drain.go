@@ -16,6 +16,7 @@ import (
 
 	"ratchet/config"
 	"ratchet/engine"
+	"ratchet/internal/event"
 	"ratchet/internal/kafkaclient"
 	"ratchet/internal/produce"
 	ratchetv1 "ratchet/messages/ratchet/v1"
@@ -31,6 +32,8 @@ type drainResult struct {
 	// partitions (ratchet_batch_duration_seconds); TxBusy/Steady is how
 	// many partitions were inside a transaction on average.
 	TxBusy time.Duration
+	// CPU is the CPU in use from the first record to the last.
+	CPU cpuUse
 }
 
 // Rate is events per second from the first record to the last, so group
@@ -55,10 +58,28 @@ func preload(ctx context.Context, brokers []string, topic string, n int64, seed 
 	return time.Since(start), nil
 }
 
+// cpuPerMillion is the machine's CPU time, in seconds, that a million
+// events took.
+func (r drainResult) cpuPerMillion() float64 {
+	if r.Events <= 0 {
+		return 0
+	}
+	return r.CPU.machine * r.Steady.Seconds() / float64(r.Events) * 1e6
+}
+
+// cpuLine says how many cores were busy during the drain, and where.
+func (r drainResult) cpuLine() string {
+	u := r.CPU
+	return fmt.Sprintf("CPU %.2f cores (this process %.2f, broker %.2f, rest %.2f), %.2f CPU-s per million events",
+		u.machine, u.self, u.broker, u.rest(), r.cpuPerMillion())
+}
+
 // drainCeiling drains topic with a bare Poll loop: ratchet's consumer
-// settings, no auto commit, nothing decoded, nothing written.
-func drainCeiling(ctx context.Context, brokers []string, topic, group string, n int64) (drainResult, error) {
-	m := kafkaclient.ConsumerConfig(kafkaclient.ConsumerOptions{Brokers: brokers, GroupID: group})
+// settings, no auto commit, nothing written. With decode set every record
+// also goes through ratchet's decoder (protobuf), the work any consumer
+// that checks its input does, the engine included.
+func drainCeiling(ctx context.Context, env *benchEnv, topic, group string, n int64, decode bool) (drainResult, error) {
+	m := kafkaclient.ConsumerConfig(kafkaclient.ConsumerOptions{Brokers: env.brokers, GroupID: group})
 	_ = m.SetKey("go.logs.channel.enable", false)
 	_ = m.SetKey("log_level", 3)
 	c, err := kafka.NewConsumer(m)
@@ -70,8 +91,13 @@ func drainCeiling(ctx context.Context, brokers []string, topic, group string, n 
 	if err := c.SubscribeTopics([]string{topic}, nil); err != nil {
 		return drainResult{}, fmt.Errorf("subscribe: %w", err)
 	}
-	var got int64
+	var dec *event.Decoder
+	if decode {
+		dec = event.NewDecoder(config.FormatProtobuf)
+	}
+	var got, bad int64
 	var first time.Time
+	var cpu0 cpuSample
 	deadline := time.Now().Add(10 * time.Minute)
 	for got < n {
 		if ctx.Err() != nil || time.Now().After(deadline) {
@@ -80,17 +106,25 @@ func drainCeiling(ctx context.Context, brokers []string, topic, group string, n 
 		switch ev := c.Poll(100).(type) {
 		case *kafka.Message:
 			if got == 0 {
-				first = time.Now()
+				first, cpu0 = time.Now(), sampleCPU(env.brokerPID)
 			}
 			got++
+			if dec != nil {
+				if _, err := dec.Decode(ev.Value); err != nil {
+					bad++
+				}
+			}
 		case kafka.Error:
 			if ev.IsFatal() {
 				return drainResult{}, fmt.Errorf("ceiling: %w", ev)
 			}
 		}
 	}
-	end := time.Now()
-	return drainResult{Events: got, Wall: end.Sub(start), Steady: end.Sub(first)}, nil
+	end, cpu := time.Now(), sampleCPU(env.brokerPID).since(cpu0)
+	if bad > 0 {
+		return drainResult{}, fmt.Errorf("ceiling: %d of %d records did not decode", bad, got)
+	}
+	return drainResult{Events: got, Wall: end.Sub(start), Steady: end.Sub(first), CPU: cpu}, nil
 }
 
 // noop is the at-least-once no-op processor.
@@ -163,28 +197,29 @@ func (e *runningEngine) counter(name string) float64 {
 }
 
 // waitRecords waits until ratchet_records_total reaches n; it returns when
-// the first record and the n-th were seen.
-func (e *runningEngine) waitRecords(ctx context.Context, n int64, timeout time.Duration) (first, last time.Time, err error) {
+// the first record and the n-th were seen, and the CPU in use between.
+func (e *runningEngine) waitRecords(ctx context.Context, n int64, timeout time.Duration, brokerPID int) (first, last time.Time, cpu cpuUse, err error) {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	deadline := time.Now().Add(timeout)
+	var cpu0 cpuSample
 	for {
 		select {
 		case err := <-e.done:
 			e.done <- err
-			return first, last, fmt.Errorf("engine stopped early: %v", err)
+			return first, last, cpu, fmt.Errorf("engine stopped early: %v", err)
 		case <-ctx.Done():
-			return first, last, ctx.Err()
+			return first, last, cpu, ctx.Err()
 		case now := <-t.C:
 			got := int64(e.counter("ratchet_records_total"))
 			if got > 0 && first.IsZero() {
-				first = now
+				first, cpu0 = now, sampleCPU(brokerPID)
 			}
 			if got >= n {
-				return first, now, nil
+				return first, now, sampleCPU(brokerPID).since(cpu0), nil
 			}
 			if now.After(deadline) {
-				return first, last, fmt.Errorf("%d of %d records after %s", got, n, timeout)
+				return first, last, cpu, fmt.Errorf("%d of %d records after %s", got, n, timeout)
 			}
 		}
 	}
@@ -223,7 +258,7 @@ func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string,
 		t(&cfg)
 	}
 	e := startEngine(ctx, cfg, proc, env.engineLog)
-	first, last, err := e.waitRecords(ctx, n, 10*time.Minute)
+	first, last, cpu, err := e.waitRecords(ctx, n, 10*time.Minute, env.brokerPID)
 	busy := e.histogramSum("ratchet_batch_duration_seconds")
 	if serr := e.stop(); err == nil && serr != nil {
 		err = serr
@@ -231,7 +266,7 @@ func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string,
 	if err != nil {
 		return drainResult{}, fmt.Errorf("ratchet %s: %w", mode, err)
 	}
-	return drainResult{Events: n, Wall: last.Sub(e.start), Steady: last.Sub(first), TxBusy: busy}, nil
+	return drainResult{Events: n, Wall: last.Sub(e.start), Steady: last.Sub(first), TxBusy: busy, CPU: cpu}, nil
 }
 
 // histogramSum adds up the sample sums of a histogram family (seconds).

@@ -38,6 +38,7 @@ type benchEnv struct {
 	outDir     string
 	// maxBuffered overrides processing.max_buffered_per_partition when > 0.
 	maxBuffered int
+	brokerPID   int // the `ratchet broker` process, for its CPU time
 }
 
 func (e *benchEnv) outPath(name string) string { return filepath.Join(e.outDir, name) }
@@ -151,7 +152,7 @@ func run(ctx context.Context) error {
 	say("database %s", db.name)
 	rep.pgVersion = pgVersion(ctx, db)
 	env := &benchEnv{ratchetBin: o.ratchetBin, brokers: []string{b.addr}, db: db, engineLog: engineLog, outDir: o.outDir,
-		maxBuffered: o.maxBuffered}
+		maxBuffered: o.maxBuffered, brokerPID: b.cmd.Process.Pid}
 
 	// 1. Backlogs.
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -182,16 +183,21 @@ func run(ctx context.Context) error {
 	// 2. Drains, interleaved.
 	for r := 1; r <= o.rounds; r++ {
 		cpu0 := readCPUStat()
-		a, err := drainCeiling(ctx, env.brokers, "events", fmt.Sprintf("bench-a-%d", r), o.events)
+		a, err := drainCeiling(ctx, env, "events", fmt.Sprintf("bench-a-%d", r), o.events, false)
 		if err != nil {
 			return err
 		}
-		say("round %d (a) ceiling:           %9.0f events/s (wall %s)", r, a.Rate(), a.Wall.Round(time.Millisecond))
+		say("round %d (a) ceiling:           %9.0f events/s (wall %s), %s", r, a.Rate(), a.Wall.Round(time.Millisecond), a.cpuLine())
+		a2, err := drainCeiling(ctx, env, "events", fmt.Sprintf("bench-a2-%d", r), o.events, true)
+		if err != nil {
+			return err
+		}
+		say("round %d (a') ceiling + decode: %9.0f events/s (wall %s), %s", r, a2.Rate(), a2.Wall.Round(time.Millisecond), a2.cpuLine())
 		bres, err := drainRatchet(ctx, env, "events", fmt.Sprintf("bench-b-%d", r), config.ModeAtLeastOnce, noop, o.events, "")
 		if err != nil {
 			return err
 		}
-		say("round %d (b) at-least-once noop: %9.0f events/s (wall %s), %.1f partitions in a transaction", r, bres.Rate(), bres.Wall.Round(time.Millisecond), bres.inTx())
+		say("round %d (b) at-least-once noop: %9.0f events/s (wall %s), %.1f partitions in a transaction, %s", r, bres.Rate(), bres.Wall.Round(time.Millisecond), bres.inTx(), bres.cpuLine())
 		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
 			return err
 		}
@@ -202,7 +208,7 @@ func run(ctx context.Context) error {
 		if got, err := rollupCount(ctx, env); err != nil || got != o.events {
 			return fmt.Errorf("round %d (c): sum(count) in dashboard_rollups is %d, want %d (%v)", r, got, o.events, err)
 		}
-		say("round %d (c) exactly-once dash:  %9.0f events/s (wall %s), sum(count)=%d, %.1f partitions in a transaction", r, c.Rate(), c.Wall.Round(time.Millisecond), o.events, c.inTx())
+		say("round %d (c) exactly-once dash:  %9.0f events/s (wall %s), sum(count)=%d, %.1f partitions in a transaction, %s", r, c.Rate(), c.Wall.Round(time.Millisecond), o.events, c.inTx(), c.cpuLine())
 		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
 			return err
 		}
@@ -214,7 +220,7 @@ func run(ctx context.Context) error {
 		if got, err := rollupCount(ctx, env); err != nil || got != o.events {
 			return fmt.Errorf("round %d (f): sum(count) in dashboard_rollups is %d, want %d (%v)", r, got, o.events, err)
 		}
-		say("round %d (f) exactly-once, async:  %9.0f events/s (wall %s), sum(count)=%d, %.1f partitions in a transaction", r, f.Rate(), f.Wall.Round(time.Millisecond), o.events, f.inTx())
+		say("round %d (f) exactly-once, async:  %9.0f events/s (wall %s), sum(count)=%d, %.1f partitions in a transaction, %s", r, f.Rate(), f.Wall.Round(time.Millisecond), o.events, f.inTx(), f.cpuLine())
 		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
 			return err
 		}
@@ -232,7 +238,7 @@ func run(ctx context.Context) error {
 		if err := db.pool.QueryRow(ctx, "SELECT count(*) FROM ratchet_dead_letters WHERE consumer_group = $1", egroup).Scan(&dead); err != nil || dead != rep.poison {
 			return fmt.Errorf("round %d (e): %d dead letters recorded, want %d (%v)", r, dead, rep.poison, err)
 		}
-		say("round %d (e) exactly-once, 1%% poison: %9.0f events/s (wall %s), %d dead-lettered, %.1f partitions in a transaction", r, e.Rate(), e.Wall.Round(time.Millisecond), dead, e.inTx())
+		say("round %d (e) exactly-once, 1%% poison: %9.0f events/s (wall %s), %d dead-lettered, %.1f partitions in a transaction, %s", r, e.Rate(), e.Wall.Round(time.Millisecond), dead, e.inTx(), e.cpuLine())
 		d, err := drainNaive(ctx, env, "events", fmt.Sprintf("bench-d-%d", r), o.naiveFor)
 		if err != nil {
 			return err
@@ -240,7 +246,7 @@ func run(ctx context.Context) error {
 		say("round %d (d) naive loop:         %9.0f events/s (%d in %s)", r, d.Rate(), d.Events, d.Steady.Round(time.Millisecond))
 		steal := stealPercent(cpu0, readCPUStat())
 		say("round %d: CPU steal %.0f %%", r, steal)
-		rep.rounds = append(rep.rounds, round{a: a, b: bres, c: c, d: d, e: e, f: f, steal: steal})
+		rep.rounds = append(rep.rounds, round{a: a, a2: a2, b: bres, c: c, d: d, e: e, f: f, steal: steal})
 	}
 
 	// Profiles where a throughput target is missed.
@@ -328,6 +334,7 @@ func run(ctx context.Context) error {
 	table := rep.table()
 	fmt.Println()
 	fmt.Println(table)
+	fmt.Println(rep.cpuTable())
 	if err := os.WriteFile(o.out, []byte(rep.markdown(table)), 0o644); err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 // round is one interleaved set of drains.
 type round struct {
 	a, b, c, d drainResult
+	a2         drainResult // (a) decoding every record
 	e          drainResult // (c) on a backlog with 1 % poison
 	f          drainResult // (c) with postgres.synchronous_commit off
 	steal      float64     // % of CPU time stolen by other guests during the round
@@ -87,6 +88,11 @@ func (r *report) table() string {
 	rc := func(x round) float64 { return x.c.Rate() }
 	rd := func(x round) float64 { return x.d.Rate() }
 	row("(a) consumer ceiling, bare Poll loop", fmt.Sprintf("%.0f events/s (rounds: %s)", m.a, perRound(ra)), "baseline", "")
+	ra2 := func(x round) float64 { return x.a2.Rate() }
+	hasA2 := len(r.rounds) > 0 && r.rounds[0].a2.Events > 0
+	if hasA2 {
+		row("(a′) the same loop decoding every record with ratchet's decoder", fmt.Sprintf("%.0f events/s (rounds: %s)", median(collect(r.rounds, ra2)), perRound(ra2)), "", "")
+	}
 	row("(b) ratchet at-least-once, no-op", fmt.Sprintf("%.0f events/s (rounds: %s)", m.b, perRound(rb)), "", "")
 	row("(c) ratchet exactly-once, dashboard", fmt.Sprintf("%.0f events/s (rounds: %s)", m.c, perRound(rc)), "", "")
 	row("(d) naive loop, upsert per record, auto commit", fmt.Sprintf("%.0f events/s (rounds: %s)", m.d, perRound(rd)), "", "")
@@ -108,16 +114,18 @@ func (r *report) table() string {
 	}
 	s, v := r.ratios(rb, ra)
 	row("(b) / (a)", fmt.Sprintf("%.2f (rounds: %s)", v, s), "≥ 0.9", passMiss(v >= 0.9))
+	if hasA2 {
+		s, v = r.ratios(ra2, ra)
+		row("(a′) / (a): what decoding alone leaves of the ceiling", fmt.Sprintf("%.2f (rounds: %s)", v, s), "", "")
+		s, v = r.ratios(rb, ra2)
+		row("(b) / (a′): the engine against a loop that decodes", fmt.Sprintf("%.2f (rounds: %s)", v, s), "", "")
+	}
 	s, v = r.ratios(rc, ra)
 	row("(c) / (a)", fmt.Sprintf("%.2f (rounds: %s)", v, s), "≥ 0.7", passMiss(v >= 0.7))
 	s, v = r.ratios(rc, rd)
 	row("(c) / (d)", fmt.Sprintf("%.0f (rounds: %s)", v, s), "≥ 100", passMiss(v >= 100))
 	rates := func(f func(round) float64) string { // median and rounds
-		var xs []float64
-		for _, x := range r.rounds {
-			xs = append(xs, f(x))
-		}
-		return fmt.Sprintf("%.0f events/s (rounds: %s)", median(xs), perRound(f))
+		return fmt.Sprintf("%.0f events/s (rounds: %s)", median(collect(r.rounds, f)), perRound(f))
 	}
 	if len(r.rounds) > 0 && r.rounds[0].e.Events > 0 {
 		re := func(x round) float64 { return x.e.Rate() }
@@ -161,6 +169,49 @@ func (r *report) table() string {
 	return sb.String()
 }
 
+// collect is f of every round.
+func collect(rounds []round, f func(round) float64) []float64 {
+	xs := make([]float64, 0, len(rounds))
+	for _, x := range rounds {
+		xs = append(xs, f(x))
+	}
+	return xs
+}
+
+// cpuTable says, for each drain, how busy the machine was from its first
+// record to its last and where the CPU went (medians of the rounds).
+func (r *report) cpuTable() string {
+	if len(r.rounds) == 0 || r.rounds[0].a.CPU.machine <= 0 {
+		return ""
+	}
+	var sb strings.Builder
+	row := func(cells ...string) { sb.WriteString("| " + strings.Join(cells, " | ") + " |\n") }
+	row("drain", "machine busy (cores)", "the process under test", "broker", "the rest (PostgreSQL …)", "machine CPU-seconds per 1,000,000 events")
+	row("---", "---", "---", "---", "---", "---")
+	for _, d := range []struct {
+		name string
+		f    func(round) drainResult
+	}{
+		{"(a) ceiling", func(x round) drainResult { return x.a }},
+		{"(a′) ceiling + decode", func(x round) drainResult { return x.a2 }},
+		{"(b) at-least-once, no-op", func(x round) drainResult { return x.b }},
+		{"(c) exactly-once, dashboard", func(x round) drainResult { return x.c }},
+		{"(f) (c), synchronous_commit off", func(x round) drainResult { return x.f }},
+		{"(e) (c), 1 % poison", func(x round) drainResult { return x.e }},
+	} {
+		if d.f(r.rounds[0]).Events == 0 {
+			continue
+		}
+		med := func(g func(drainResult) float64) string {
+			return fmt.Sprintf("%.2f", median(collect(r.rounds, func(x round) float64 { return g(d.f(x)) })))
+		}
+		row(d.name, med(func(x drainResult) float64 { return x.CPU.machine }), med(func(x drainResult) float64 { return x.CPU.self }),
+			med(func(x drainResult) float64 { return x.CPU.broker }), med(func(x drainResult) float64 { return x.CPU.rest() }),
+			med(drainResult.cpuPerMillion))
+	}
+	return sb.String()
+}
+
 func rewindLabel(name string) string {
 	switch name {
 	case "naive":
@@ -186,15 +237,21 @@ func (r *report) markdown(table string) string {
 	sb.WriteString("- The machine is shared with other test runs, so every comparison is made inside one run, interleaved, median of the rounds.\n\n")
 	sb.WriteString("## Results\n\n")
 	sb.WriteString(table)
+	if t := r.cpuTable(); t != "" {
+		fmt.Fprintf(&sb, "\n### CPU while draining (of %d), medians of the rounds\n\n", runtime.NumCPU())
+		sb.WriteString(t)
+	}
 	sb.WriteString("\n## How each figure is measured\n\n")
 	fmt.Fprintf(&sb, "- Broker: `ratchet broker` (kfake, in memory) as a separate process, 12 partitions per topic. Backlogs, produced with the in-process `internal/produce` producer (rate 0, lz4): %s. Broker RSS after the preload: %.0f MiB.\n",
 		strings.Join(r.preload, "; "), r.brokerRSS)
-	fmt.Fprintf(&sb, "- Drains: %d rounds, each (a), (b), (c), (f), (e), (d) in that order, each with a fresh consumer group on the same %d-event backlog. Rate = events / (time of the last record − time of the first record), so group join time is left out (wall times are in `bench/out/bench.log`).\n", o.rounds, o.events)
+	fmt.Fprintf(&sb, "- Drains: %d rounds, each (a), (a′), (b), (c), (f), (e), (d) in that order, each with a fresh consumer group on the same %d-event backlog. Rate = events / (time of the last record − time of the first record), so group join time is left out (wall times are in `bench/out/bench.log`).\n", o.rounds, o.events)
 	sb.WriteString("  - (a): confluent-kafka-go `Poll(100)` loop with `kafkaclient.ConsumerConfig` (auto commit and offset store off, cooperative-sticky, ratchet's fetch settings), counting messages, decoding nothing.\n")
+	sb.WriteString("  - (a′): (a) with every record's value decoded by `event.Decoder` (protobuf), the decoding (b) does too; informational, to separate the cost of checking the input from the engine's own.\n")
 	sb.WriteString("  - (b): `engine.Run` in-process, `commit.mode=at-least-once`, a `processor.Func` that returns nil, other settings default; done when `ratchet_records_total` (the engine's registry, polled every 5 ms) reaches the backlog.\n")
 	sb.WriteString("  - (c): `engine.Run` in-process, defaults (exactly-once, dashboard processor, batch_size 500, linger 20ms); same completion check, then `sum(count)` of `dashboard_rollups` is checked to equal the backlog. \"Partitions inside a batch transaction\" is the sum of `ratchet_batch_duration_seconds` over the drain's duration: near 12, the partitions wait on PostgreSQL (in (c), on the row locks of the current minute, which every partition's transaction updates); near 0, on their input.\n")
 	sb.WriteString("  - (f): as (c) with `postgres.synchronous_commit: off`, an opt-in setting (transactions commit without waiting for the WAL flush; see the README's Guarantees), not the default.\n")
 	sb.WriteString("  - (e): as (c) on a backlog of the same size with 1 % poison records; its rate counts every record read, poison included, and the DLQ rows in `ratchet_dead_letters` are checked to equal the poison count.\n")
+	sb.WriteString("  - CPU: sampled when a drain's first record is seen and when its last is: the machine's busy time from the first line of `/proc/stat` (idle, I/O wait and steal left out), and user + system time of this process (the Poll loop or the in-process engine, librdkafka's threads included) and of the broker from `/proc/<pid>/stat`; \"the rest\" is the difference, PostgreSQL's server processes above all.\n")
 	fmt.Fprintf(&sb, "  - (d): `Poll`, `proto.Unmarshal`, one `INSERT ... ON CONFLICT DO UPDATE` per record on one connection (autocommit, i.e. one transaction each), librdkafka defaults (`enable.auto.commit=true`); run for %s from its first record.\n", o.naiveFor)
 	fmt.Fprintf(&sb, "- Latency: in-process engine at its defaults (exactly-once, dashboard) on topic `lat`; a paced producer (linger 5 ms) writes %.0f events/s for %s. For each record: time from its `Produce` call to the first moment `ratchet_offsets.next_offset` of its partition was seen past it (PostgreSQL polled every 5 ms from outside the engine, so up to 5 ms high). The first 2 s are left out as warm-up; %d records counted. The engine's own `ratchet_end_to_end_latency_seconds` histogram is given too (quantiles interpolated inside its power-of-two buckets).\n",
 		o.latRate, o.latFor, r.latency.Events)
