@@ -137,7 +137,7 @@ func engineConfig(brokers []string, dbURL, topic, group, mode string) config.Con
 	cfg.Kafka.Brokers = brokers
 	cfg.Kafka.GroupID = group
 	cfg.Kafka.Topics = []string{topic}
-	cfg.Postgres.URL = config.SecretURL(dbURL)
+	cfg.Postgres.URL = config.SecretURL(withApp(dbURL, engineApp))
 	cfg.HTTP.Addr = ""
 	cfg.Commit.Mode = mode
 	return cfg

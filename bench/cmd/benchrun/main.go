@@ -261,9 +261,16 @@ func run(ctx context.Context) error {
 	}
 	if o.forceProfile || med.c < 0.7*med.a {
 		p := env.outPath("cpu-exactly-once.pprof")
-		if _, err := drainRatchet(ctx, env, "events", "bench-c-prof", config.ModeExactlyOnce, dashboard.New(), o.events, p); err != nil {
+		if _, err := db.pool.Exec(ctx, "TRUNCATE dashboard_rollups"); err != nil {
 			return err
 		}
+		stopSampling := samplePG(ctx, db.pool, 5*time.Millisecond)
+		_, err := drainRatchet(ctx, env, "events", "bench-c-prof", config.ModeExactlyOnce, dashboard.New(), o.events, p)
+		rep.pgStates = stopSampling()
+		if err != nil {
+			return err
+		}
+		say("(c) PostgreSQL connections of the engine, on average over %d samples: %s", rep.pgStates.samples, rep.pgStates)
 		rep.profiles = append(rep.profiles, profileTop("(c) exactly-once, dashboard", p))
 		say("profiled (c): %s", p)
 	}
