@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"ratchet/internal/store"
-	"ratchet/internal/testenv"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
@@ -248,12 +247,8 @@ func TestApplyProcessorError(t *testing.T) {
 // connection back in the pool with no transaction open, and a single
 // connection must serve the next batch.
 func TestApplyLeavesNoTransactionOpen(t *testing.T) {
-	url := testenv.Postgres(t)
-	pool := openPool(t, url, 1)
+	pool, url := migratedPoolOf1(t)
 	ctx := testCtx(t)
-	if err := store.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	claim := claimFor(t, pool, "events")
 	fail := false
 	p := processor.Func{ProcessorName: "dashboard-or-fail", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
@@ -267,15 +262,7 @@ func TestApplyLeavesNoTransactionOpen(t *testing.T) {
 	}}
 	s := store.New(pool, p)
 	observer := openPool(t, url, 1)
-	openTx := func() int {
-		var n int
-		err := observer.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	openTx := func() int { return openTransactions(t, observer) }
 	steps := []struct {
 		name    string
 		b       processor.Batch

@@ -39,3 +39,29 @@ func migratedPool(tb testing.TB) *pgxpool.Pool {
 	}
 	return pool
 }
+
+// migratedPoolOf1 returns a pool of one connection on a fresh, migrated
+// database, and the database's URL: a batch that left a transaction open
+// or asked for a second connection would show.
+func migratedPoolOf1(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
+	url := testenv.Postgres(tb)
+	pool := openPool(tb, url, 1)
+	if err := store.Migrate(testCtx(tb), pool); err != nil {
+		tb.Fatalf("migrate: %v", err)
+	}
+	return pool, url
+}
+
+// openTransactions counts the connections to observer's database, its own
+// left out, that sit idle inside a transaction.
+func openTransactions(tb testing.TB, observer *pgxpool.Pool) int {
+	tb.Helper()
+	var n int
+	err := observer.QueryRow(testCtx(tb), `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'`).Scan(&n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"ratchet/internal/store"
-	"ratchet/internal/testenv"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
 )
@@ -21,25 +20,13 @@ import (
 // transaction begun before its first statement, and that statement is
 // inside it.
 func TestApplyBeginsWhenTheProcessorFirstWrites(t *testing.T) {
-	url := testenv.Postgres(t)
-	pool := openPool(t, url, 1)
+	pool, url := migratedPoolOf1(t)
 	ctx := testCtx(t)
-	if err := store.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE lazy_test (offs bigint)`); err != nil {
 		t.Fatal(err)
 	}
 	observer := openPool(t, url, 1)
-	openTx := func() int {
-		var n int
-		err := observer.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	openTx := func() int { return openTransactions(t, observer) }
 	claim := claimFor(t, pool, "events")
 
 	var during int
@@ -124,12 +111,8 @@ func TestApplyWithNothingToWriteNeedsNoDatabase(t *testing.T) {
 // later writes never run outside the transaction; a panic it causes (pgx's
 // LargeObjects without a transaction) is that same error.
 func TestApplyFailsWhenTheBeginFails(t *testing.T) {
-	url := testenv.Postgres(t)
-	pool := openPool(t, url, 1)
+	pool, _ := migratedPoolOf1(t)
 	ctx := testCtx(t)
-	if err := store.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE begin_test (offs bigint)`); err != nil {
 		t.Fatal(err)
 	}
