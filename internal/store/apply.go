@@ -117,9 +117,9 @@ const (
 // dead letters and the guarded advance, the statements the processor
 // deferred, and the COMMIT. The transaction begins when the processor
 // first sends a statement; a processor that only defers has its BEGIN sent
-// in that last round trip too, so the whole batch is one round trip, and
-// a batch with nothing to write (at-least-once, nothing written or
-// deferred) none, and needs no connection. Processors often write rows that every
+// in that last round trip too, so the whole batch is one round trip, and a
+// batch with nothing to write (at-least-once, nothing written or deferred)
+// is none and needs no connection. Processors often write rows that every
 // partition touches (the dashboard's current minute), whose locks are held
 // until COMMIT; a write deferred to that round trip holds them for no
 // client round trip at all, and, queued after this partition's own rows
