@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -72,14 +74,12 @@ func samplePG(ctx context.Context, pool *pgxpool.Pool, interval time.Duration) (
 			if err != nil {
 				continue
 			}
-			for rows.Next() {
-				var what string
-				var count int
-				if rows.Scan(&what, &count) == nil {
-					sums[what] += float64(count)
-				}
-			}
-			if rows.Close(); rows.Err() == nil {
+			var what string
+			var count int
+			if _, err := pgx.ForEachRow(rows, []any{&what, &count}, func() error {
+				sums[what] += float64(count)
+				return nil
+			}); err == nil {
 				n++
 			}
 		}
@@ -100,13 +100,7 @@ func (s pgStates) String() string {
 		keys = append(keys, k)
 	}
 	slices.SortFunc(keys, func(a, b string) int {
-		if s.avg[a] != s.avg[b] {
-			if s.avg[a] > s.avg[b] {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a, b)
+		return cmp.Or(cmp.Compare(s.avg[b], s.avg[a]), strings.Compare(a, b))
 	})
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
