@@ -43,6 +43,10 @@ type Committer struct {
 	parts      map[TopicPartition]*commitState
 	timer      *time.Timer
 	timerArmed bool
+	// awaitRejoin is set when a periodic commit was refused for a group
+	// reason (the group is rebalancing): the next Rejoined commits at
+	// once instead of a whole Interval later.
+	awaitRejoin bool
 }
 
 type commitState struct {
@@ -63,7 +67,14 @@ func NewCommitter(cfg CommitterConfig) actor.Producer {
 func (m *Committer) Receive(c actor.Context) {
 	switch msg := c.Message().(type) {
 	case *Register:
-		m.parts[msg.TP] = &commitState{gen: msg.Gen, next: msg.Start, committed: msg.Start, progress: msg.Progress}
+		st := &commitState{gen: msg.Gen, next: msg.Start, committed: msg.Committed, progress: msg.Progress}
+		m.parts[msg.TP] = st
+		if st.next > st.committed && st.next >= 0 {
+			// Kafka is behind the position this assignment starts at (the
+			// store's, or what this instance applied before it lost the
+			// partition): bring it up to date with the next commit.
+			m.arm(c)
+		}
 	case *OffsetApplied:
 		st, ok := m.parts[msg.TP]
 		if !ok || st.gen != msg.Gen || msg.Next <= st.next {
@@ -76,18 +87,20 @@ func (m *Committer) Receive(c actor.Context) {
 		m.arm(c)
 	case *commitTick:
 		m.timerArmed = false
-		if _, err := m.commit(nil); err != nil {
-			m.cfg.Logger.Warn("offset commit failed, retrying next interval", "actor", "committer", "err", err)
-			m.arm(c)
+		m.periodic(c)
+	case *Rejoined:
+		if m.awaitRejoin {
+			m.periodic(c)
 		}
 	case *Flush:
 		done, err := m.commit(msg.TPs)
+		reply := &Flushed{Committed: done, Err: err, Pending: m.pending(msg.TPs)}
 		if msg.Forget {
 			for _, tp := range msg.TPs {
 				delete(m.parts, tp)
 			}
 		}
-		c.Respond(&Flushed{Committed: done, Err: err})
+		c.Respond(reply)
 	case *Forget:
 		for _, tp := range msg.TPs {
 			delete(m.parts, tp)
@@ -97,6 +110,49 @@ func (m *Committer) Receive(c actor.Context) {
 			m.timer.Stop()
 		}
 	}
+}
+
+// periodic commits everything ahead of Kafka. A commit refused because the
+// group is rebalancing is not worth a warning: it happens at nearly every
+// membership change, and it is retried as soon as this member has rejoined
+// (Rejoined), or after Interval if no rebalance completes by then.
+func (m *Committer) periodic(c actor.Context) {
+	_, err := m.commit(nil)
+	m.awaitRejoin = false
+	if err == nil {
+		return
+	}
+	if reason := GroupRefusal(err); reason != "" {
+		m.awaitRejoin = true
+		m.cfg.Logger.Debug("offset commit refused while the group rebalances; retrying once rejoined",
+			"actor", "committer", "reason", reason, "err", err)
+	} else {
+		m.cfg.Logger.Warn("offset commit failed, retrying next interval", "actor", "committer", "err", err)
+	}
+	m.arm(c)
+}
+
+// pending lists the partitions of tps (all when nil) whose applied
+// watermark Kafka has not acknowledged.
+func (m *Committer) pending(tps []TopicPartition) []Uncommitted {
+	var out []Uncommitted
+	add := func(tp TopicPartition, st *commitState) {
+		if st.next > st.committed && st.next >= 0 {
+			out = append(out, Uncommitted{TP: tp, Next: st.next, Committed: st.committed})
+		}
+	}
+	if tps == nil {
+		for tp, st := range m.parts {
+			add(tp, st)
+		}
+		return out
+	}
+	for _, tp := range tps {
+		if st, ok := m.parts[tp]; ok {
+			add(tp, st)
+		}
+	}
+	return out
 }
 
 // arm schedules one commitTick after Interval unless one is pending. This is
@@ -142,7 +198,7 @@ func (m *Committer) commit(tps []TopicPartition) (map[TopicPartition]int64, erro
 	}
 	res, err := k.CommitOffsets(offsets)
 	if err != nil {
-		m.cfg.Metrics.Commits.WithLabelValues("error").Inc()
+		m.cfg.Metrics.Commits.WithLabelValues(commitResult(err, "error")).Inc()
 		return nil, fmt.Errorf("commit %d partitions: %w", len(offsets), err)
 	}
 	done := make(map[TopicPartition]int64, len(res))
@@ -163,8 +219,9 @@ func (m *Committer) commit(tps []TopicPartition) (map[TopicPartition]int64, erro
 		m.cfg.Metrics.CommittedOffset.WithLabelValues(tp.Topic, metrics.Partition(tp.Partition)).Set(float64(r.Offset))
 	}
 	if len(errs) > 0 {
-		m.cfg.Metrics.Commits.WithLabelValues("partial").Inc()
-		return done, errors.Join(errs...)
+		err := errors.Join(errs...)
+		m.cfg.Metrics.Commits.WithLabelValues(commitResult(err, "partial")).Inc()
+		return done, err
 	}
 	m.cfg.Metrics.Commits.WithLabelValues("ok").Inc()
 	return done, nil

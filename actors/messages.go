@@ -51,10 +51,13 @@ type OffsetApplied struct {
 // generation can exist. Start is the position the assignment starts at (the
 // committed offset, or -1 when none is known).
 type Register struct {
-	TP       TopicPartition
-	Gen      uint64
-	Start    int64
-	Progress *Progress // the committer records acknowledged commits here
+	TP    TopicPartition
+	Gen   uint64
+	Start int64
+	// Committed is Kafka's committed offset at assignment (-1: none). When
+	// Start is ahead of it, the committer commits Start at its next chance.
+	Committed int64
+	Progress  *Progress // the committer records acknowledged commits here
 }
 
 // Flush asks the committer to commit synchronously the watermarks of TPs
@@ -67,11 +70,27 @@ type Flush struct {
 }
 
 // Flushed is the committer's reply to Flush. Committed holds what was
-// committed in this flush; Err is the commit error, if any.
+// committed in this flush; Err is the commit error, if any; Pending lists
+// the flushed partitions whose applied watermark Kafka still lacks.
 type Flushed struct {
 	Committed map[TopicPartition]int64
 	Err       error
+	Pending   []Uncommitted
 }
+
+// Uncommitted is a partition whose applied watermark (Next) is ahead of
+// what Kafka acknowledged (Committed; -1 none).
+type Uncommitted struct {
+	TP        TopicPartition
+	Next      int64
+	Committed int64
+}
+
+// Rejoined tells the committer that the consumer has just completed a
+// rebalance (the assign callback ran, so the member holds the group's
+// current generation): the moment a commit refused during the rebalance
+// succeeds. Sent by the poll loop after every assign callback.
+type Rejoined struct{}
 
 // Forget drops partitions from the committer without committing them (the
 // assignment was lost: another member may own them already). Sent by the

@@ -100,10 +100,31 @@ type Supervisor struct {
 	downSince      time.Time // first all-brokers-down since the last record
 	lastSnap       time.Time
 	lastRecs       map[TopicPartition]int64
+
+	// The stop (see group.go). stopping is set while the consumer is being
+	// stopped: records are dropped, and partitions assigned meanwhile are
+	// parked (assigned and paused, never consumed). deadline bounds the
+	// stop's drain and commits. leftCommitted is set once every partition
+	// still held has committed what it applied.
+	stopping      bool
+	deadline      time.Time
+	parked        map[TopicPartition]bool
+	returned      map[TopicPartition]bool // parked partitions with something to commit (see park)
+	leftCommitted bool
+	fatal         bool // the consumer reported a fatal error: it commits nothing more
+	// rebalances counts the assign callbacks served: each one is a
+	// completed rebalance.
+	rebalances uint64
+	revoked    bool // a revoke callback ran since the last assign callback
+	// lostApplied remembers, in at-least-once mode, what this instance
+	// applied of partitions whose assignment was lost, so that a partition
+	// that comes back resumes from there instead of from an older commit.
+	lostApplied map[TopicPartition]int64
 }
 
 // assigned is the poll loop's record of one assigned partition.
 type assigned struct {
+	tp       TopicPartition
 	pid      *actor.PID
 	progress *Progress
 	epoch    int64
@@ -140,12 +161,16 @@ type seekRequest struct {
 // NewSupervisor returns a supervisor for cfg in system.
 func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor {
 	return &Supervisor{
-		cfg:      cfg,
-		system:   system,
-		parts:    make(map[TopicPartition]*assigned),
-		seeks:    make(chan seekRequest, 1024),
-		board:    &Board{},
-		lastRecs: make(map[TopicPartition]int64),
+		cfg:         cfg,
+		system:      system,
+		parts:       make(map[TopicPartition]*assigned),
+		seeks:       make(chan seekRequest, 1024),
+		overBudget:  make(chan TopicPartition, 1),
+		board:       &Board{},
+		lastRecs:    make(map[TopicPartition]int64),
+		parked:      make(map[TopicPartition]bool),
+		returned:    make(map[TopicPartition]bool),
+		lostApplied: make(map[TopicPartition]int64),
 	}
 }
 
@@ -178,19 +203,20 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.current.Store(c)
 		s.cfg.OnConsumer(c)
 		if err := c.SubscribeTopics(s.cfg.Topics, s.rebalance); err != nil {
-			s.closeConsumer()
+			s.closeConsumer(time.Now().Add(s.cfg.DrainTimeout))
 			return fmt.Errorf("subscribe %v: %w", s.cfg.Topics, err)
 		}
 		// The phase moves to running at the first rebalance callback: until
 		// then the instance has not joined the group.
 		rebuild, runErr := s.poll(ctx)
+		began := time.Now()
 		if rebuild == "" {
 			s.board.phase.Store(int32(PhaseDraining))
 		} else {
 			s.board.phase.Store(int32(PhaseStarting))
 			s.cfg.Logger.Info("rebuilding the consumer: draining and flushing first", "reason", rebuild)
 		}
-		s.stop()
+		s.stop(began)
 		if rebuild == "" || ctx.Err() != nil {
 			s.board.phase.Store(int32(PhaseStopped))
 			s.board.publish(nil, time.Now())
@@ -309,12 +335,16 @@ func (s *Supervisor) handle(ev kafka.Event) (string, error) {
 				"partition", e.TopicPartition.Partition, "err", e.TopicPartition.Error)
 			return "", nil
 		}
+		if s.stopping {
+			return "", nil // fetched before the pause took effect: never applied
+		}
 		tp := TopicPartition{Topic: *e.TopicPartition.Topic, Partition: e.TopicPartition.Partition}
 		if a, ok := s.parts[tp]; ok {
 			a.pending = append(a.pending, e)
 		}
 	case kafka.Error:
 		if e.IsFatal() {
+			s.fatal = true
 			s.cfg.Logger.Error("fatal consumer error", "code", e.Code().String(), "err", e)
 			if e.Code() == kafka.ErrFencedInstanceID {
 				// Policy: two instances share kafka.instance_id. That is a
@@ -433,91 +463,6 @@ func (s *Supervisor) requestSeek(pid *actor.PID, tp TopicPartition, next int64) 
 	s.seeks <- seekRequest{pid: pid, tp: tp, next: next}
 }
 
-// rebalance is the consumer's rebalance callback. It runs inside Poll (and
-// inside Close) on the poll loop goroutine. Its returned error is ignored by
-// the client, so every failure is handled here.
-func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
-	if s.current.Load() != c {
-		// A consumer abandoned after a Close timeout: its callbacks must
-		// not touch the state of its successor.
-		switch e := ev.(type) {
-		case kafka.AssignedPartitions:
-			_ = c.IncrementalAssign(e.Partitions)
-		case kafka.RevokedPartitions:
-			_ = c.IncrementalUnassign(e.Partitions)
-		}
-		return nil
-	}
-	switch e := ev.(type) {
-	case kafka.AssignedPartitions:
-		s.assign(c, e.Partitions)
-	case kafka.RevokedPartitions:
-		s.revoke(c, e.Partitions)
-	}
-	return nil
-}
-
-func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
-	defer s.board.phase.CompareAndSwap(int32(PhaseStarting), int32(PhaseRunning))
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-	defer cancel()
-	starts := s.startOffsets(ctx, c, parts)
-	list := make([]kafka.TopicPartition, 0, len(parts))
-	for i, p := range parts {
-		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
-		st := starts[i]
-		if st.err != nil {
-			// Without a claim this instance must not consume the partition
-			// (it could not be fenced). Leave it unassigned locally; the
-			// group sees it as ours, so fail loudly and let the operator or
-			// the next rebalance fix it.
-			s.cfg.Logger.Error("cannot claim partition; not consuming it", "topic", tp.Topic,
-				"partition", tp.Partition, "err", st.err)
-			continue
-		}
-		s.gen++
-		a := &assigned{gen: s.gen, buffered: new(atomic.Int64), progress: newProgress(st.start), epoch: claimEpoch(st.claim)}
-		pcfg := &PartitionConfig{
-			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
-			Format: s.cfg.Format(tp.Topic), BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
-			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
-			Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek,
-			PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
-		}
-		res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
-		if err != nil {
-			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", err)
-			continue
-		}
-		pid, ok := res.(*actor.PID)
-		if !ok {
-			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", res)
-			continue
-		}
-		a.pid = pid
-		s.parts[tp] = a
-		s.system.Root.Send(s.cfg.Committer, &Register{TP: tp, Gen: a.gen, Start: st.start, Progress: a.progress})
-		off := kafka.OffsetStored
-		if st.start >= 0 {
-			off = kafka.Offset(st.start)
-		}
-		list = append(list, ktp(tp, off))
-		s.cfg.Logger.Info("partition assigned", "topic", tp.Topic, "partition", tp.Partition,
-			"offset", st.start, "epoch", claimEpoch(st.claim))
-	}
-	if err := c.IncrementalAssign(list); err != nil {
-		s.cfg.Logger.Error("incremental assign", "err", err)
-	}
-	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
-	s.snapshot()
-	if len(s.parts) > 0 {
-		s.idleSince, s.idleWarned = time.Time{}, false
-	} else if s.idleSince.IsZero() {
-		s.idleSince = time.Now()
-		s.cfg.Logger.Info("no partitions assigned to this instance after a rebalance")
-	}
-}
-
 // idleWarnAfter is how long an instance stays without partitions before it
 // warns that the group has more members than the input topics have
 // partitions. A member that joins a cooperative group is first given
@@ -564,208 +509,6 @@ func (s *Supervisor) checkIdle(c *kafka.Consumer) {
 	})
 }
 
-type startOffset struct {
-	start int64
-	claim *store.Claim
-	err   error
-}
-
-// startOffsets resolves where each newly assigned partition starts: the
-// stored offset in exactly-once mode (claiming the partition), else Kafka's
-// committed offset (-1: none, auto.offset.reset applies).
-func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts []kafka.TopicPartition) []startOffset {
-	out := make([]startOffset, len(parts))
-	committed := make([]int64, len(parts))
-	for i := range committed {
-		committed[i] = -1
-	}
-	if len(parts) > 0 {
-		q := make([]kafka.TopicPartition, len(parts))
-		copy(q, parts)
-		res, err := c.Committed(q, int(s.cfg.DrainTimeout/time.Millisecond))
-		if err != nil {
-			s.cfg.Logger.Warn("read committed offsets", "err", err)
-		}
-		for i := range res {
-			if i < len(committed) && res[i].Error == nil && res[i].Offset >= 0 {
-				committed[i] = int64(res[i].Offset)
-			}
-		}
-	}
-	for i, p := range parts {
-		low, high, err := c.QueryWatermarkOffsets(*p.Topic, p.Partition, int(s.cfg.DrainTimeout/time.Millisecond))
-		if err != nil {
-			out[i] = startOffset{err: fmt.Errorf("query watermarks: %w", err)}
-			continue
-		}
-		if s.cfg.Claim == nil {
-			start := committed[i]
-			if start > high {
-				s.pastEnd(*p.Topic, p.Partition, start, low, high)
-				start = low
-			}
-			out[i] = startOffset{start: start}
-			continue
-		}
-		fallback := committed[i]
-		if fallback < 0 || fallback > high {
-			fallback = low
-			if s.cfg.AutoOffsetReset == "latest" {
-				fallback = high
-			}
-		}
-		cl, err := s.cfg.Claim(ctx, *p.Topic, p.Partition, fallback)
-		if err != nil {
-			out[i] = startOffset{err: err}
-			continue
-		}
-		if cl.Next > high {
-			s.pastEnd(*p.Topic, p.Partition, cl.Next, low, high)
-			if cl, err = s.cfg.Reposition(ctx, cl, low); err != nil {
-				out[i] = startOffset{err: err}
-				continue
-			}
-		} else if cl.Next < low {
-			s.cfg.Logger.Error("records were deleted by retention before they were applied",
-				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "log_start", low,
-				"lost", low-cl.Next)
-		}
-		if committed[i] >= 0 && committed[i] != cl.Next {
-			// The difference is what Kafka's committed offset alone would
-			// have replayed (or skipped): ratchet resumes from the store.
-			s.cfg.Metrics.RewindsPrevented.WithLabelValues(*p.Topic).Inc()
-			s.cfg.Metrics.RewindRecords.WithLabelValues(*p.Topic).Add(float64(abs(cl.Next - committed[i])))
-			s.cfg.Logger.Warn("kafka committed offset differs from the stored offset; resuming from the store",
-				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "kafka_committed", committed[i],
-				"would_replay", cl.Next-committed[i], "epoch", cl.Epoch)
-		}
-		claim := cl
-		out[i] = startOffset{start: cl.Next, claim: &claim}
-	}
-	return out
-}
-
-// pastEnd reports a position beyond the partition's end: the topic was
-// deleted and recreated (or truncated). Every offset from the old log is
-// meaningless for the new one; the records in it start at the log start,
-// and skipping them would lose them.
-func (s *Supervisor) pastEnd(topic string, partition int32, pos, low, high int64) {
-	s.cfg.Metrics.OffsetResets.WithLabelValues(topic).Inc()
-	s.cfg.Logger.Error("stored position is past the end of the partition (topic recreated or truncated); starting at the log start",
-		"topic", topic, "partition", partition, "offset", pos, "end", high, "log_start", low)
-}
-
-func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
-	lost := c.AssignmentLost()
-	tps := make([]TopicPartition, 0, len(parts))
-	for _, p := range parts {
-		tps = append(tps, TopicPartition{Topic: *p.Topic, Partition: p.Partition})
-	}
-	if lost {
-		// Another member may own these already: commit nothing.
-		s.cfg.Logger.Warn("assignment lost; stopping partitions without committing", "partitions", len(tps))
-		s.system.Root.Send(s.cfg.Committer, &Forget{TPs: tps})
-	} else {
-		s.drainAndFlush(tps, true)
-	}
-	s.stopPartitions(tps)
-	if err := c.IncrementalUnassign(parts); err != nil {
-		s.cfg.Logger.Error("incremental unassign", "err", err)
-	}
-	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
-	s.snapshot()
-}
-
-// drainAndFlush lets every partition in tps finish its batch in flight, then
-// commits their watermarks synchronously.
-func (s *Supervisor) drainAndFlush(tps []TopicPartition, forget bool) {
-	deadline := time.Now().Add(s.cfg.DrainTimeout)
-	futures := make(map[TopicPartition]*actor.Future, len(tps))
-	for _, tp := range tps {
-		if a, ok := s.parts[tp]; ok {
-			futures[tp] = s.system.Root.RequestFuture(a.pid, &Drain{}, s.cfg.DrainTimeout)
-		}
-	}
-	for tp, f := range futures {
-		res, err := f.Result()
-		if err != nil {
-			s.cfg.Logger.Warn("drain partition", "topic", tp.Topic, "partition", tp.Partition, "err", err)
-			continue
-		}
-		if d, ok := res.(*Drained); ok {
-			s.cfg.Logger.Debug("partition drained", "topic", tp.Topic, "partition", tp.Partition, "offset", d.Next)
-		}
-	}
-	left := max(time.Until(deadline), time.Second)
-	res, err := s.system.Root.RequestFuture(s.cfg.Committer, &Flush{TPs: tps, Forget: forget}, left).Result()
-	if err != nil {
-		s.cfg.Logger.Error("flush offsets", "err", err)
-		return
-	}
-	f := res.(*Flushed)
-	if f.Err != nil {
-		s.cfg.Logger.Error("flush offsets", "err", f.Err)
-	}
-	s.cfg.Logger.Info("offsets flushed", "partitions", len(tps), "committed", len(f.Committed))
-}
-
-// stopPartitions stops the actors of tps and forgets them.
-func (s *Supervisor) stopPartitions(tps []TopicPartition) {
-	var wg sync.WaitGroup
-	for _, tp := range tps {
-		a, ok := s.parts[tp]
-		if !ok {
-			continue
-		}
-		if a.paused {
-			s.cfg.Metrics.Paused.Dec()
-		}
-		// Another member exports this partition's lag from now on.
-		s.cfg.Metrics.Lag.DeleteLabelValues(tp.Topic, metrics.Partition(tp.Partition))
-		delete(s.parts, tp)
-		wg.Go(func() { _ = s.system.Root.StopFuture(a.pid).Wait() })
-	}
-	wg.Wait()
-}
-
-// stop is the graceful end: drain and flush everything, then close the
-// consumer within the drain timeout.
-func (s *Supervisor) stop() {
-	tps := make([]TopicPartition, 0, len(s.parts))
-	for tp := range s.parts {
-		tps = append(tps, tp)
-	}
-	s.cfg.Logger.Info("stopping: draining partitions", "partitions", len(tps))
-	s.drainAndFlush(tps, false)
-	s.closeConsumer()
-	s.stopPartitions(tps)
-}
-
-// closeConsumer closes the consumer, giving up after DrainTimeout: Close
-// blocks forever after some fatal errors (PITFALLS A6). Close runs the
-// rebalance callback (revoke) on this goroutine; the partitions are already
-// drained and flushed, so it only unassigns.
-func (s *Supervisor) closeConsumer() {
-	c := s.consumer
-	if c == nil {
-		return
-	}
-	s.groupCheck.Wait()
-	done := make(chan error, 1)
-	go func() { done <- c.Close() }() // ends when Close returns; abandoned on timeout
-	select {
-	case err := <-done:
-		if err != nil {
-			s.cfg.Logger.Warn("close consumer", "err", err)
-		}
-	case <-time.After(s.cfg.DrainTimeout):
-		s.cfg.Logger.Error("close consumer timed out; abandoning it", "timeout", s.cfg.DrainTimeout.String())
-	}
-	s.consumer = nil
-	s.current.Store(nil)
-	s.cfg.OnConsumer(nil)
-}
-
 func ktp(tp TopicPartition, off kafka.Offset) kafka.TopicPartition {
 	t := tp.Topic
 	return kafka.TopicPartition{Topic: &t, Partition: tp.Partition, Offset: off}
@@ -790,7 +533,12 @@ func abs(v int64) int64 {
 type spawnPartition struct{ cfg *PartitionConfig }
 
 // supervisorActor is the parent of the partition actors: spawning them as
-// its children puts their failures under its strategy.
+// its children puts their failures under its strategy. The assertion keeps
+// a signature drift from silently falling back to protoactor's default
+// strategy.
+var _ actor.SupervisorStrategy = (*supervisorActor)(nil)
+
+// supervisorActor is the parent of the partition actors.
 type supervisorActor struct {
 	cfg        *SupervisorConfig
 	children   map[string]child // by child id

@@ -34,6 +34,13 @@ type Metrics struct {
 	DegradedSeconds  prometheus.Counter
 	Reconnects       *prometheus.CounterVec // reason
 	OffsetResets     *prometheus.CounterVec // topic
+	// CommitsAbandoned counts partitions whose applied offsets were left
+	// uncommitted in Kafka when a stop or a revoke ran out of time;
+	// UncommittedRecords counts the applied records among them (replayed
+	// by the next owner in at-least-once mode; still guarded by the store
+	// in exactly-once mode).
+	CommitsAbandoned   *prometheus.CounterVec // topic
+	UncommittedRecords *prometheus.CounterVec // topic
 }
 
 // New registers the series on reg.
@@ -89,8 +96,16 @@ func New(reg prometheus.Registerer) *Metrics {
 		OffsetResets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_offset_resets_total", Help: "Positions past the end of a partition (topic recreated) reset to its start."},
 			[]string{"topic"}),
+		CommitsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_commits_abandoned_total",
+			Help: "Partitions whose applied offsets were left uncommitted in Kafka at a stop or revoke deadline."},
+			[]string{"topic"}),
+		UncommittedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_uncommitted_records_total",
+			Help: "Applied records whose offsets were left uncommitted in Kafka at a stop or revoke deadline."},
+			[]string{"topic"}),
 	}
-	reg.MustRegister(m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
+	reg.MustRegister(m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
 		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned,
 		m.Restarts, m.RewindsPrevented, m.RewindRecords, m.Fenced, m.StaleOffsets, m.DegradedSeconds, m.Reconnects)
 	return m

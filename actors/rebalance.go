@@ -1,0 +1,347 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/internal/store"
+)
+
+// rebalance is the consumer's rebalance callback. It runs inside Poll (and
+// inside Close) on the poll loop goroutine. Its returned error is ignored by
+// the client, so every failure is handled here.
+func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
+	if s.current.Load() != c {
+		// A consumer abandoned after a Close timeout: its callbacks must
+		// not touch the state of its successor.
+		switch e := ev.(type) {
+		case kafka.AssignedPartitions:
+			_ = c.IncrementalAssign(e.Partitions)
+		case kafka.RevokedPartitions:
+			_ = c.IncrementalUnassign(e.Partitions)
+		}
+		return nil
+	}
+	switch e := ev.(type) {
+	case kafka.AssignedPartitions:
+		s.assign(c, e.Partitions)
+	case kafka.RevokedPartitions:
+		s.revoke(c, e.Partitions)
+	}
+	return nil
+}
+
+// assign serves an assign callback: every call completes a rebalance (it
+// comes once per rebalance, with an empty list when nothing is added), so
+// it also tells the committer that the member has rejoined. While stopping,
+// the partitions are parked and whatever is still uncommitted is committed
+// here, the moment the group takes commits again (group.go).
+func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
+	defer s.board.phase.CompareAndSwap(int32(PhaseStarting), int32(PhaseRunning))
+	defer func() {
+		s.rebalances++
+		if s.revoked {
+			// The assign that closes a cooperative revoke: librdkafka
+			// rejoins right after it, and a commit sent now would wait
+			// behind that JoinGroup (group.go). The assign that completes
+			// the rejoin tells the committer.
+			s.revoked = false
+			return
+		}
+		s.system.Root.Send(s.cfg.Committer, &Rejoined{})
+	}()
+	if s.stopping {
+		s.park(c, parts)
+		s.commitHeld()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	defer cancel()
+	starts := s.startOffsets(ctx, c, parts)
+	list := make([]kafka.TopicPartition, 0, len(parts))
+	for i, p := range parts {
+		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
+		st := starts[i]
+		if st.err != nil {
+			// Without a claim this instance must not consume the partition
+			// (it could not be fenced). Leave it unassigned locally; the
+			// group sees it as ours, so fail loudly and let the operator or
+			// the next rebalance fix it.
+			s.cfg.Logger.Error("cannot claim partition; not consuming it", "topic", tp.Topic,
+				"partition", tp.Partition, "err", st.err)
+			continue
+		}
+		s.gen++
+		a := &assigned{tp: tp, gen: s.gen, buffered: new(atomic.Int64), progress: newProgress(st.start), epoch: claimEpoch(st.claim)}
+		a.progress.Committed.Store(st.committed)
+		pcfg := &PartitionConfig{
+			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
+			Format: s.cfg.Format(tp.Topic), BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
+			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
+			Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek,
+			PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
+		}
+		res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
+		if err != nil {
+			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", err)
+			continue
+		}
+		pid, ok := res.(*actor.PID)
+		if !ok {
+			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", res)
+			continue
+		}
+		a.pid = pid
+		s.parts[tp] = a
+		s.system.Root.Send(s.cfg.Committer, &Register{TP: tp, Gen: a.gen, Start: st.start, Committed: st.committed,
+			Progress: a.progress})
+		off := kafka.OffsetStored
+		if st.start >= 0 {
+			off = kafka.Offset(st.start)
+		}
+		list = append(list, ktp(tp, off))
+		s.cfg.Logger.Info("partition assigned", "topic", tp.Topic, "partition", tp.Partition,
+			"offset", st.start, "epoch", claimEpoch(st.claim))
+	}
+	if err := c.IncrementalAssign(list); err != nil {
+		s.cfg.Logger.Error("incremental assign", "err", err)
+	}
+	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
+	s.snapshot()
+	if len(s.parts) > 0 {
+		s.idleSince, s.idleWarned = time.Time{}, false
+	} else if s.idleSince.IsZero() {
+		s.idleSince = time.Now()
+		s.cfg.Logger.Info("no partitions assigned to this instance after a rebalance")
+	}
+}
+
+
+
+type startOffset struct {
+	start     int64
+	committed int64 // Kafka's committed offset; -1 none
+	claim     *store.Claim
+	err       error
+}
+
+// startOffsets resolves where each newly assigned partition starts: the
+// stored offset in exactly-once mode (claiming the partition), else Kafka's
+// committed offset (-1: none, auto.offset.reset applies).
+func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts []kafka.TopicPartition) []startOffset {
+	out := make([]startOffset, len(parts))
+	committed := make([]int64, len(parts))
+	for i := range committed {
+		committed[i] = -1
+	}
+	if len(parts) > 0 {
+		q := make([]kafka.TopicPartition, len(parts))
+		copy(q, parts)
+		res, err := c.Committed(q, int(s.cfg.DrainTimeout/time.Millisecond))
+		if err != nil {
+			s.cfg.Logger.Warn("read committed offsets", "err", err)
+		}
+		for i := range res {
+			if i < len(committed) && res[i].Error == nil && res[i].Offset >= 0 {
+				committed[i] = int64(res[i].Offset)
+			}
+		}
+	}
+	for i, p := range parts {
+		low, high, err := c.QueryWatermarkOffsets(*p.Topic, p.Partition, int(s.cfg.DrainTimeout/time.Millisecond))
+		if err != nil {
+			out[i] = startOffset{err: fmt.Errorf("query watermarks: %w", err)}
+			continue
+		}
+		if s.cfg.Claim == nil {
+			tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
+			start := committed[i]
+			if applied, ok := s.lostApplied[tp]; ok {
+				// This instance applied up to there before it lost the
+				// partition; whoever held it since committed committed[i].
+				// Every record below the higher of the two was applied.
+				delete(s.lostApplied, tp)
+				if applied > start && applied <= high {
+					s.cfg.Logger.Info("partition came back after its assignment was lost; resuming after what this instance applied",
+						"topic", tp.Topic, "partition", tp.Partition, "offset", applied, "kafka_committed", committed[i])
+					start = applied
+				}
+			}
+			if start > high {
+				s.pastEnd(*p.Topic, p.Partition, start, low, high)
+				start = low
+			}
+			out[i] = startOffset{start: start, committed: committed[i]}
+			continue
+		}
+		fallback := committed[i]
+		if fallback < 0 || fallback > high {
+			fallback = low
+			if s.cfg.AutoOffsetReset == "latest" {
+				fallback = high
+			}
+		}
+		cl, err := s.cfg.Claim(ctx, *p.Topic, p.Partition, fallback)
+		if err != nil {
+			out[i] = startOffset{err: err}
+			continue
+		}
+		if cl.Next > high {
+			s.pastEnd(*p.Topic, p.Partition, cl.Next, low, high)
+			if cl, err = s.cfg.Reposition(ctx, cl, low); err != nil {
+				out[i] = startOffset{err: err}
+				continue
+			}
+		} else if cl.Next < low {
+			s.cfg.Logger.Error("records were deleted by retention before they were applied",
+				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "log_start", low,
+				"lost", low-cl.Next)
+		}
+		if committed[i] >= 0 && committed[i] != cl.Next {
+			// The difference is what Kafka's committed offset alone would
+			// have replayed (or skipped): ratchet resumes from the store.
+			s.cfg.Metrics.RewindsPrevented.WithLabelValues(*p.Topic).Inc()
+			s.cfg.Metrics.RewindRecords.WithLabelValues(*p.Topic).Add(float64(abs(cl.Next - committed[i])))
+			s.cfg.Logger.Warn("kafka committed offset differs from the stored offset; resuming from the store",
+				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "kafka_committed", committed[i],
+				"would_replay", cl.Next-committed[i], "epoch", cl.Epoch)
+		}
+		claim := cl
+		out[i] = startOffset{start: cl.Next, committed: committed[i], claim: &claim}
+	}
+	return out
+}
+
+// pastEnd reports a position beyond the partition's end: the topic was
+// deleted and recreated (or truncated). Every offset from the old log is
+// meaningless for the new one; the records in it start at the log start,
+// and skipping them would lose them.
+func (s *Supervisor) pastEnd(topic string, partition int32, pos, low, high int64) {
+	s.cfg.Metrics.OffsetResets.WithLabelValues(topic).Inc()
+	s.cfg.Logger.Error("stored position is past the end of the partition (topic recreated or truncated); starting at the log start",
+		"topic", topic, "partition", partition, "offset", pos, "end", high, "log_start", low)
+}
+
+// revoke serves a revoke callback. Unless the assignment was lost, every
+// revoked partition finishes its batch in flight and commits what it
+// applied before the callback returns: inside the callback the member
+// holds the generation the group has just completed and sends no JoinGroup,
+// so the coordinator takes the commit (group.go). A refusal that the group
+// resolves by itself (coordinator moving or loading) is retried until the
+// drain timeout; the partitions only move to their next owner once this
+// callback has returned.
+func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
+	lost := c.AssignmentLost()
+	s.revoked = true
+	tps := make([]TopicPartition, 0, len(parts))
+	for _, p := range parts {
+		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
+		if s.parked[tp] {
+			delete(s.parked, tp) // never consumed: nothing to drain or commit
+			continue
+		}
+		delete(s.returned, tp)
+		tps = append(tps, tp)
+	}
+	if lost {
+		// Another member may own these already: commit nothing.
+		s.cfg.Logger.Warn("assignment lost; stopping partitions without committing", "partitions", len(tps))
+		s.system.Root.Send(s.cfg.Committer, &Forget{TPs: tps})
+		s.stopPartitions(tps, s.cfg.Claim == nil)
+	} else {
+		deadline := time.Now().Add(s.cfg.DrainTimeout)
+		if s.stopping && s.deadline.Before(deadline) {
+			deadline = s.deadline
+		}
+		s.drain(tps, deadline, false)
+		s.commitRevoked(tps, deadline)
+		s.stopPartitions(tps, false)
+	}
+	if err := c.IncrementalUnassign(parts); err != nil {
+		s.cfg.Logger.Error("incremental unassign", "err", err)
+	}
+	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
+	s.snapshot()
+}
+
+// commitRevoked commits the applied watermarks of revoked partitions and
+// then has the committer forget them. It is called inside the revoke
+// callback, where the group takes commits (group.go); a refusal is retried
+// with a short backoff until deadline, except when the coordinator no longer
+// knows this member or its generation: then librdkafka is about to declare
+// the assignment lost, and retrying cannot help.
+func (s *Supervisor) commitRevoked(tps []TopicPartition, deadline time.Time) {
+	for attempt := 0; ; attempt++ {
+		f, err := s.flush(tps, false, deadline)
+		if err == nil && f.Err == nil && len(f.Pending) == 0 {
+			s.cfg.Logger.Info("offsets flushed", "partitions", len(tps), "committed", len(f.Committed))
+			break
+		}
+		reason := "timeout"
+		if err == nil {
+			reason = commitResult(f.Err, "error")
+			err = f.Err
+		}
+		wait := min(s.cfg.Retry.Backoff(attempt), 500*time.Millisecond)
+		if reason == "group_unknown_member" || reason == "group_generation" || time.Now().Add(wait).After(deadline) {
+			s.cfg.Logger.Warn("revoked partitions' offsets not committed", "partitions", len(tps), "reason", reason, "err", err)
+			s.abandon(tps)
+			break
+		}
+		s.cfg.Logger.Info("commit of revoked partitions refused; retrying", "partitions", len(tps), "reason", reason, "err", err)
+		time.Sleep(wait) // inside the rebalance callback: nothing else may run on this goroutine meanwhile
+	}
+	s.system.Root.Send(s.cfg.Committer, &Forget{TPs: tps})
+}
+
+// park takes partitions assigned while the consumer stops: the group
+// protocol wants them assigned, and nothing of them is consumed. A partition
+// this instance applied records of before its assignment was lost gets
+// that position committed, if Kafka's is behind it (group.go, point 4).
+func (s *Supervisor) park(c *kafka.Consumer, parts []kafka.TopicPartition) {
+	if len(parts) == 0 {
+		return
+	}
+	if err := c.IncrementalAssign(parts); err != nil {
+		s.cfg.Logger.Error("incremental assign", "err", err)
+		return
+	}
+	if err := c.Pause(parts); err != nil {
+		s.cfg.Logger.Warn("pause parked partitions", "err", err)
+	}
+	var back []kafka.TopicPartition
+	for _, p := range parts {
+		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
+		s.parked[tp] = true
+		if _, ok := s.lostApplied[tp]; ok {
+			back = append(back, ktp(tp, kafka.OffsetInvalid))
+		}
+	}
+	s.cfg.Logger.Info("partitions assigned while stopping; not consuming them", "partitions", len(parts))
+	if len(back) == 0 {
+		return
+	}
+	res, err := c.Committed(back, int(max(time.Until(s.deadline), time.Second)/time.Millisecond))
+	if err != nil {
+		return
+	}
+	for _, r := range res {
+		tp := TopicPartition{Topic: *r.Topic, Partition: r.Partition}
+		applied := s.lostApplied[tp]
+		delete(s.lostApplied, tp)
+		if r.Error != nil || int64(r.Offset) >= applied {
+			continue
+		}
+		s.gen++
+		s.system.Root.Send(s.cfg.Committer, &Register{TP: tp, Gen: s.gen, Start: applied, Committed: int64(r.Offset)})
+		delete(s.parked, tp)
+		s.returned[tp] = true // committed with the partitions still held
+		s.cfg.Logger.Info("partition came back while stopping; committing what this instance applied before losing it",
+			"topic", tp.Topic, "partition", tp.Partition, "offset", applied, "kafka_committed", int64(r.Offset))
+	}
+}
