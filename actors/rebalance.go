@@ -121,8 +121,6 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	}
 }
 
-
-
 type startOffset struct {
 	start     int64
 	committed int64 // Kafka's committed offset; -1 none
