@@ -110,8 +110,22 @@ func churn(t *testing.T, broker, mode string, static bool) {
 	cfg.Kafka.GroupID = "churn"
 	cfg.Shutdown.Timeout = 10 * time.Second
 	cfg.Commit.Interval = 500 * time.Millisecond
+	cfg.Kafka.Properties = map[string]string{}
+	if broker == "mock" {
+		// The mock coordinator waits session.timeout.ms less a second for
+		// members to join before it answers any JoinGroup, and aborts the
+		// process when a member sends a second JoinGroup meanwhile (which
+		// librdkafka does once the first times out: socket.timeout.ms). A
+		// short session keeps every join well inside that timeout.
+		// It also blocks a member's connection while its JoinGroup waits,
+		// so a stop may sit out a whole join or two before its commit goes
+		// through: give it the time.
+		cfg.Kafka.Properties["session.timeout.ms"] = "6000"
+		cfg.Kafka.Properties["heartbeat.interval.ms"] = "1000"
+		cfg.Shutdown.Timeout = 25 * time.Second
+	}
 	if d := os.Getenv("RATCHET_TEST_RDKAFKA_DEBUG"); d != "" {
-		cfg.Kafka.Properties = map[string]string{"debug": d}
+		cfg.Kafka.Properties["debug"] = d
 	}
 
 	logs := &testenv.Buffer{}
