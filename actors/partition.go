@@ -361,16 +361,9 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
 			p.log().Warn("batch refused by the offset guard; resuming from the stored offset", "offset", msg.start,
 				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err)
-			p.release(len(p.queue))
-			p.queue = nil
-			p.dropReady()
 			p.state.next = conflict.StoredNext
 			p.cfg.Progress.Next.Store(conflict.StoredNext)
-			p.awaitSeek = true
-			p.cfg.Seek(c.Self(), p.cfg.TP, p.state.next)
-			if p.draining {
-				p.answerDrainers(c)
-			}
+			p.rewind(c)
 			return
 		}
 		if store.IsOffsetConflict(msg.err) {
@@ -387,10 +380,21 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			p.answerDrainers(c)
 			return
 		}
-		// Only cancellation (stop) ends a retry without success.
-		p.log().Warn("batch abandoned", "offset", msg.start, "err", msg.err)
-		p.dropReady()
-		p.answerDrainers(c)
+		if errors.Is(msg.err, context.Canceled) && p.ctx.Err() != nil {
+			// This incarnation is ending: the next one, or the next owner,
+			// starts from the watermark.
+			p.dropReady()
+			p.answerDrainers(c)
+			return
+		}
+		// The batch ended neither applied nor dead-lettered (a dead-letter
+		// write that failed, an error isolation could not place on a
+		// record). Its records and those queued after it are still
+		// unapplied: read them again from the watermark, never cut the next
+		// batch past them.
+		p.log().Warn("batch abandoned; reading it again from the watermark", "offset", msg.start,
+			"err", msg.err)
+		p.rewind(c)
 		return
 	}
 	p.state.next = msg.next
@@ -413,6 +417,20 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		return
 	}
 	p.maybeDispatch(c, false)
+}
+
+// rewind drops everything read after the watermark (state.next) and asks
+// the poll loop to fetch from the watermark again; records are ignored
+// until the seek is confirmed. A drain waiting is answered: nothing is in
+// flight any more.
+func (p *Partition) rewind(c actor.Context) {
+	p.release(len(p.queue))
+	p.queue = nil
+	p.dropReady()
+	p.lastQueued = p.state.next
+	p.awaitSeek = true
+	p.cfg.Seek(c.Self(), p.cfg.TP, p.state.next)
+	p.answerDrainers(c)
 }
 
 func (p *Partition) answerDrainers(c actor.Context) {
