@@ -62,6 +62,9 @@ type partitionState struct {
 	seek     uint64 // accepted seek generation
 	restarts int
 	fenced   bool
+	// draining outlives a restart: a partition asked to drain starts no
+	// batch again, whichever incarnation is current.
+	draining bool
 	panics   map[int64]int // batch start offset → processor panics there
 	dec      *event.Decoder
 }
@@ -92,8 +95,10 @@ type Partition struct {
 	// decoded while it is in its transaction, their dead letters already on
 	// their way; the first is sent the moment inFlight is applied. Only
 	// ever non-empty while inFlight is set.
-	ready     []cutBatch
-	draining  bool
+	ready []cutBatch
+	// drainers wait for the batch in flight; they are answered when it
+	// ends, and by Restarting and Stopping when it never will (a panic, a
+	// stop), so a revoke does not wait out its whole drain timeout.
 	drainers  []*actor.PID
 	awaitSeek bool // restarted: drop records until the seek is confirmed
 
@@ -144,7 +149,7 @@ func (p *Partition) Receive(c actor.Context) {
 	case *batchDone:
 		p.batchDone(c, msg)
 	case *Drain:
-		p.draining = true
+		p.state.draining = true
 		if p.inFlight == nil {
 			c.Respond(&Drained{TP: p.cfg.TP, Next: p.state.next})
 			return
@@ -163,6 +168,9 @@ func (p *Partition) Receive(c actor.Context) {
 		p.release(len(p.queue) + p.inFlightN)
 		p.queue, p.inFlight, p.inFlightN = nil, nil, 0
 		p.dropReady()
+		// The batch in flight is gone unapplied: the watermark is final
+		// for this incarnation.
+		p.answerDrainers(c)
 	}
 }
 
@@ -243,7 +251,7 @@ func (p *Partition) decode(m *kafka.Message) entry {
 // their decoding and their dead letters' delivery overlap the transactions
 // before them.
 func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
-	if p.draining {
+	if p.state.draining {
 		return
 	}
 	if p.inFlight != nil {
@@ -339,7 +347,8 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		if p.state.panics[msg.start] < p.cfg.PanicLimit {
 			// Let supervision restart this actor (logged and counted by the
 			// supervisor); the new incarnation seeks back to the watermark
-			// and re-reads the batch, so nothing is skipped.
+			// and re-reads the batch, so nothing is skipped. A drain
+			// waiting on this batch is answered by Restarting.
 			panic(pe)
 		}
 		p.log().Warn("batch keeps panicking; isolating the record", "offset", msg.start,
@@ -412,7 +421,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		p.maybeDispatch(c, false)
 		return
 	}
-	if p.draining {
+	if p.state.draining {
 		p.answerDrainers(c)
 		return
 	}
