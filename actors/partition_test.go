@@ -14,6 +14,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -160,6 +161,9 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	}
 	if n := buffered.Load(); n != 0 {
 		t.Errorf("%d records still counted as buffered", n)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.Poison.WithLabelValues("events", "decode")); got != 2 {
+		t.Errorf("ratchet_poison_records_total{reason=decode} = %v, want 2", got)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"ratchet/internal/event"
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
 	"ratchet/processor"
@@ -333,6 +334,14 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, letters []Letter
 		}
 		cfg.Metrics.DeadLetters.WithLabelValues(letters[0].Record.Topic).Add(float64(len(letters)))
 		cfg.Progress.DeadLetters.Add(int64(len(letters)))
+		for _, l := range letters {
+			// Poison: the value did not decode or broke a rule of the
+			// event contract (not a record the processor refused).
+			var pe *event.Error
+			if errors.As(l.Reason, &pe) {
+				cfg.Metrics.Poison.WithLabelValues(l.Record.Topic, string(pe.Kind)).Inc()
+			}
+		}
 	}()
 	return w, rows
 }
