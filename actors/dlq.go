@@ -1,7 +1,9 @@
 package actors
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -40,8 +42,20 @@ type DLQConfig struct {
 	// Topic returns the dead-letter topic of an input topic.
 	Topic   func(input string) string
 	Backoff RetryPolicy
+	// FlushBy returns when the flush of what is still queued must end once
+	// the actor stops: the engine hands it what is left of shutdown.timeout.
+	// Nil, or a zero time, gives the flush defaultFlush from the stop.
+	FlushBy func() time.Time
 	Logger  *slog.Logger
 }
+
+// defaultFlush bounds the flush on stop when DLQConfig.FlushBy says nothing.
+const defaultFlush = 10 * time.Second
+
+// ErrDLQStopped fails a dead-letter request the DLQ actor still held when
+// it stopped or restarted: the letters may or may not be in the topic, and
+// the partition must not pass them.
+var ErrDLQStopped = errors.New("dlq stopped before every delivery was confirmed")
 
 // deadLetterRequest asks the DLQ actor to write letters. Sent by a retry
 // actor's DeadLetter call with RequestFuture; the reply is *deadLettered,
@@ -52,6 +66,17 @@ type deadLetterRequest struct {
 
 // deadLettered answers deadLetterRequest: every letter is durable.
 type deadLettered struct{ letters []Letter }
+
+// deadLetterFailed answers deadLetterRequest when the DLQ actor gives up
+// on it: it stopped or restarted (ErrDLQStopped), or the request was
+// cancelled.
+type deadLetterFailed struct{ err error }
+
+// cancelDeadLetter tells the DLQ actor that nobody waits for req any more
+// (the caller's context ended, or its wait timed out): it stops retrying
+// req's letters and answers req with a failure, which ends the waiting
+// future. Sent by DLQClient.
+type cancelDeadLetter struct{ req *deadLetterRequest }
 
 // delivered carries one delivery report from the producer's event loop to
 // the DLQ actor.
@@ -69,9 +94,11 @@ type dlqItem struct {
 }
 
 type dlqPending struct {
+	key       *deadLetterRequest // its key in DLQ.pending
 	sender    *actor.PID
 	letters   []Letter
 	remaining int
+	done      bool // answered or cancelled: its reports and retries are ignored
 }
 
 // DLQ owns the dead-letter producer. It writes the original key and value
@@ -84,6 +111,10 @@ type DLQ struct {
 	cfg     DLQConfig
 	events  chan struct{} // closed when the event loop ended
 	stopped bool
+	// pending holds every request not yet answered, so that each one is
+	// answered (or failed) whatever happens: a request left unanswered
+	// holds its caller's goroutine.
+	pending map[*deadLetterRequest]*dlqPending
 }
 
 // NewDLQ returns the DLQ actor's producer.
@@ -95,6 +126,7 @@ func NewDLQ(cfg DLQConfig) actor.Producer {
 func (d *DLQ) Receive(c actor.Context) {
 	switch msg := c.Message().(type) {
 	case *actor.Started:
+		d.pending = map[*deadLetterRequest]*dlqPending{}
 		d.events = make(chan struct{})
 		self, root := c.Self(), c.ActorSystem().Root
 		go func() { // ends when the producer is closed (Events is closed)
@@ -106,17 +138,27 @@ func (d *DLQ) Receive(c actor.Context) {
 			}
 		}()
 	case *deadLetterRequest:
-		p := &dlqPending{sender: c.Sender(), letters: msg.letters, remaining: len(msg.letters)}
+		if d.stopped {
+			c.Respond(&deadLetterFailed{err: ErrDLQStopped})
+			return
+		}
+		p := &dlqPending{key: msg, sender: c.Sender(), letters: msg.letters, remaining: len(msg.letters)}
+		if p.remaining == 0 {
+			c.Respond(&deadLettered{})
+			return
+		}
+		d.pending[msg] = p
 		for i := range p.letters {
 			p.letters[i].DLQTopic = d.cfg.Topic(p.letters[i].Record.Topic)
 			d.produce(c, &dlqItem{req: p, idx: i})
 		}
-		if p.remaining == 0 {
-			c.Send(p.sender, &deadLettered{})
+	case *cancelDeadLetter:
+		if p, ok := d.pending[msg.req]; ok {
+			d.fail(c, p, errors.New("dead-letter request cancelled"))
 		}
 	case *delivered:
 		item, ok := msg.msg.Opaque.(*dlqItem)
-		if !ok {
+		if !ok || item.req.done {
 			return
 		}
 		if err := msg.msg.TopicPartition.Error; err != nil {
@@ -125,19 +167,61 @@ func (d *DLQ) Receive(c actor.Context) {
 		}
 		item.req.remaining--
 		if item.req.remaining == 0 {
-			c.Send(item.req.sender, &deadLettered{letters: item.req.letters})
+			item.req.done = true
+			delete(d.pending, item.req.key)
+			d.answer(c, item.req, &deadLettered{letters: item.req.letters})
 		}
 	case *reproduce:
-		if !d.stopped {
+		if !d.stopped && !msg.item.req.done {
 			d.produce(c, msg.item)
 		}
+	case *actor.Restarting:
+		// The new instance starts with no requests: fail this one's, their
+		// callers ask again.
+		d.failAll(c)
 	case *actor.Stopping:
 		d.stopped = true
-		// Whatever is still queued gets up to 10s; a partition waiting on
-		// it never committed past it, so nothing is lost either way.
-		d.cfg.Producer.Flush(10_000)
+		// Whatever is still queued gets what is left of the shutdown; a
+		// partition waiting on it never committed past it, so nothing is
+		// lost either way.
+		d.cfg.Producer.Flush(int(d.flushTimeout() / time.Millisecond))
 		d.cfg.Producer.Close()
 		<-d.events
+		// Delivery reports of the flush are queued behind this message and
+		// never handled: whatever was not answered yet is failed.
+		d.failAll(c)
+	}
+}
+
+// flushTimeout is what the flush on stop may take.
+func (d *DLQ) flushTimeout() time.Duration {
+	if d.cfg.FlushBy != nil {
+		if by := d.cfg.FlushBy(); !by.IsZero() {
+			return max(time.Until(by), 0)
+		}
+	}
+	return defaultFlush
+}
+
+// fail answers p with err and forgets it.
+func (d *DLQ) fail(c actor.Context, p *dlqPending, err error) {
+	p.done = true
+	delete(d.pending, p.key)
+	d.answer(c, p, &deadLetterFailed{err: err})
+}
+
+// failAll answers every request still held with ErrDLQStopped.
+func (d *DLQ) failAll(c actor.Context) {
+	for _, p := range d.pending {
+		d.fail(c, p, ErrDLQStopped)
+	}
+}
+
+// answer replies to p's sender (a request sent without one, by
+// RootContext.Request, has nobody to answer).
+func (d *DLQ) answer(c actor.Context, p *dlqPending, reply any) {
+	if p.sender != nil {
+		c.Send(p.sender, reply)
 	}
 }
 
@@ -187,28 +271,54 @@ func truncate(s string, n int) string {
 type DLQClient struct {
 	Root *actor.RootContext
 	PID  *actor.PID
+	// Timeout bounds the wait for one request (zero: DefaultDLQTimeout).
+	// A request that takes longer is cancelled and fails: the batch it
+	// belongs to is read again and its letters are sent again, so a DLQ
+	// that cannot be written still blocks the partition, and no goroutine
+	// waits on it for ever.
+	Timeout time.Duration
 }
 
-// DeadLetter implements DeadLetterer.
+// DefaultDLQTimeout is DLQClient's Timeout when none is set.
+const DefaultDLQTimeout = 2 * time.Minute
+
+// DeadLetter implements DeadLetterer. It returns when every letter is
+// durable, the DLQ actor failed the request (it stopped), the timeout
+// passed, or ctx ended; in the last two cases it cancels the request, so
+// the DLQ actor stops retrying it and its future completes.
 func (d DLQClient) DeadLetter(ctx context.Context, letters []Letter) error {
 	if len(letters) == 0 {
 		return nil
 	}
-	f := d.Root.RequestFuture(d.PID, &deadLetterRequest{letters: letters}, -1)
+	timeout := cmp.Or(d.Timeout, DefaultDLQTimeout)
+	req := &deadLetterRequest{letters: letters}
+	f := d.Root.RequestFuture(d.PID, req, timeout)
 	done := make(chan error, 1)
-	go func() { // ends when the future completes (the DLQ answers or stops)
+	go func() { // ends when the future completes: the DLQ answers or fails the request, is gone, or the timeout passes
 		res, err := f.Result()
 		if err == nil {
-			if _, ok := res.(*deadLettered); !ok {
-				err = fmt.Errorf("dead letter: unexpected reply %T", res)
+			switch r := res.(type) {
+			case *deadLettered:
+			case *deadLetterFailed:
+				err = r.err
+			default:
+				err = fmt.Errorf("unexpected reply %T", res)
 			}
 		}
 		done <- err
 	}()
 	select {
 	case err := <-done:
-		return err
+		if errors.Is(err, actor.ErrTimeout) {
+			d.Root.Send(d.PID, &cancelDeadLetter{req: req})
+			return fmt.Errorf("dead letter: no delivery within %s: %w", timeout, err)
+		}
+		if err != nil {
+			return fmt.Errorf("dead letter: %w", err)
+		}
+		return nil
 	case <-ctx.Done():
+		d.Root.Send(d.PID, &cancelDeadLetter{req: req})
 		return ctx.Err()
 	}
 }

@@ -62,6 +62,9 @@ type partitionState struct {
 	seek     uint64 // accepted seek generation
 	restarts int
 	fenced   bool
+	// draining outlives a restart: a partition asked to drain starts no
+	// batch again, whichever incarnation is current.
+	draining bool
 	panics   map[int64]int // batch start offset → processor panics there
 	dec      *event.Decoder
 }
@@ -92,8 +95,10 @@ type Partition struct {
 	// decoded while it is in its transaction, their dead letters already on
 	// their way; the first is sent the moment inFlight is applied. Only
 	// ever non-empty while inFlight is set.
-	ready     []cutBatch
-	draining  bool
+	ready []cutBatch
+	// drainers wait for the batch in flight; they are answered when it
+	// ends, and by Restarting and Stopping when it never will (a panic, a
+	// stop), so a revoke does not wait out its whole drain timeout.
 	drainers  []*actor.PID
 	awaitSeek bool // restarted: drop records until the seek is confirmed
 
@@ -144,7 +149,7 @@ func (p *Partition) Receive(c actor.Context) {
 	case *batchDone:
 		p.batchDone(c, msg)
 	case *Drain:
-		p.draining = true
+		p.state.draining = true
 		if p.inFlight == nil {
 			c.Respond(&Drained{TP: p.cfg.TP, Next: p.state.next})
 			return
@@ -163,6 +168,9 @@ func (p *Partition) Receive(c actor.Context) {
 		p.release(len(p.queue) + p.inFlightN)
 		p.queue, p.inFlight, p.inFlightN = nil, nil, 0
 		p.dropReady()
+		// The batch in flight is gone unapplied: the watermark is final
+		// for this incarnation.
+		p.answerDrainers(c)
 	}
 }
 
@@ -243,7 +251,7 @@ func (p *Partition) decode(m *kafka.Message) entry {
 // their decoding and their dead letters' delivery overlap the transactions
 // before them.
 func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
-	if p.draining {
+	if p.state.draining {
 		return
 	}
 	if p.inFlight != nil {
@@ -339,7 +347,8 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		if p.state.panics[msg.start] < p.cfg.PanicLimit {
 			// Let supervision restart this actor (logged and counted by the
 			// supervisor); the new incarnation seeks back to the watermark
-			// and re-reads the batch, so nothing is skipped.
+			// and re-reads the batch, so nothing is skipped. A drain
+			// waiting on this batch is answered by Restarting.
 			panic(pe)
 		}
 		p.log().Warn("batch keeps panicking; isolating the record", "offset", msg.start,
@@ -361,16 +370,9 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
 			p.log().Warn("batch refused by the offset guard; resuming from the stored offset", "offset", msg.start,
 				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err)
-			p.release(len(p.queue))
-			p.queue = nil
-			p.dropReady()
 			p.state.next = conflict.StoredNext
 			p.cfg.Progress.Next.Store(conflict.StoredNext)
-			p.awaitSeek = true
-			p.cfg.Seek(c.Self(), p.cfg.TP, p.state.next)
-			if p.draining {
-				p.answerDrainers(c)
-			}
+			p.rewind(c)
 			return
 		}
 		if store.IsOffsetConflict(msg.err) {
@@ -387,10 +389,21 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			p.answerDrainers(c)
 			return
 		}
-		// Only cancellation (stop) ends a retry without success.
-		p.log().Warn("batch abandoned", "offset", msg.start, "err", msg.err)
-		p.dropReady()
-		p.answerDrainers(c)
+		if errors.Is(msg.err, context.Canceled) && p.ctx.Err() != nil {
+			// This incarnation is ending: the next one, or the next owner,
+			// starts from the watermark.
+			p.dropReady()
+			p.answerDrainers(c)
+			return
+		}
+		// The batch ended neither applied nor dead-lettered (a dead-letter
+		// write that failed, an error isolation could not place on a
+		// record). Its records and those queued after it are still
+		// unapplied: read them again from the watermark, never cut the next
+		// batch past them.
+		p.log().Warn("batch abandoned; reading it again from the watermark", "offset", msg.start,
+			"err", msg.err)
+		p.rewind(c)
 		return
 	}
 	p.state.next = msg.next
@@ -408,11 +421,25 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		p.maybeDispatch(c, false)
 		return
 	}
-	if p.draining {
+	if p.state.draining {
 		p.answerDrainers(c)
 		return
 	}
 	p.maybeDispatch(c, false)
+}
+
+// rewind drops everything read after the watermark (state.next) and asks
+// the poll loop to fetch from the watermark again; records are ignored
+// until the seek is confirmed. A drain waiting is answered: nothing is in
+// flight any more.
+func (p *Partition) rewind(c actor.Context) {
+	p.release(len(p.queue))
+	p.queue = nil
+	p.dropReady()
+	p.lastQueued = p.state.next
+	p.awaitSeek = true
+	p.cfg.Seek(c.Self(), p.cfg.TP, p.state.next)
+	p.answerDrainers(c)
 }
 
 func (p *Partition) answerDrainers(c actor.Context) {

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -159,5 +161,269 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	}
 	if n := buffered.Load(); n != 0 {
 		t.Errorf("%d records still counted as buffered", n)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.Poison.WithLabelValues("events", "decode")); got != 2 {
+		t.Errorf("ratchet_poison_records_total{reason=decode} = %v, want 2", got)
+	}
+}
+
+// partitionHarness is one partition actor of events[0], spawned from the
+// root (a panic restarts it), with the watermarks it asks to seek back to.
+type partitionHarness struct {
+	sys      *actor.ActorSystem
+	pid      *actor.PID
+	cfg      *PartitionConfig
+	buffered *atomic.Int64
+	seeks    chan int64
+}
+
+func startPartition(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int) *partitionHarness {
+	tb.Helper()
+	h := &partitionHarness{
+		sys:      actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) })),
+		buffered: &atomic.Int64{},
+		seeks:    make(chan int64, 16),
+	}
+	sink := h.sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+	h.cfg = &PartitionConfig{
+		TP: TopicPartition{Topic: "events", Partition: 0}, Start: 0, Format: "protobuf", BatchSize: batchSize, Linger: time.Hour,
+		// Exactly-once: every batch goes to the applier, empty ones too.
+		Claim:   &store.Claim{Group: "g", Topic: "events", Partition: 0, Epoch: 1},
+		Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 1},
+		Applier: app, Committer: sink, DLQ: dlq, DLQTopic: "events.dlq",
+		Buffered: h.buffered, Progress: &Progress{}, PanicLimit: 3,
+		Seek:    func(_ *actor.PID, _ TopicPartition, next int64) { h.seeks <- next },
+		Metrics: metrics.New(prometheus.NewRegistry()),
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	h.pid = h.sys.Root.Spawn(actor.PropsFromProducer(NewPartition(h.cfg)))
+	tb.Cleanup(func() { _ = h.sys.Root.StopFuture(h.pid).Wait() })
+	return h
+}
+
+// send hands the partition records at offsets [from, to), read in seek
+// generation seek; those at the offsets in poison do not decode.
+func (h *partitionHarness) send(tb testing.TB, seek uint64, from, to int64, poison ...int64) {
+	tb.Helper()
+	good, err := proto.Marshal(&ratchetv1.Event{Metric: "m", Time: timestamppb.Now()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	topic := h.cfg.TP.Topic
+	var msgs []*kafka.Message
+	for off := from; off < to; off++ {
+		v := good
+		if slices.Contains(poison, off) {
+			v = []byte{0xff, 0xff, 0xff}
+		}
+		msgs = append(msgs, &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Offset: kafka.Offset(off)}, Value: v})
+	}
+	h.buffered.Add(int64(len(msgs)))
+	h.sys.Root.Send(h.pid, &Records{Seek: seek, Msgs: msgs})
+}
+
+// nextSeek waits for the partition to ask for a seek.
+func (h *partitionHarness) nextSeek(tb testing.TB) int64 {
+	tb.Helper()
+	select {
+	case next := <-h.seeks:
+		return next
+	case <-time.After(10 * time.Second):
+		tb.Fatal("no seek asked for within 10s")
+		return 0
+	}
+}
+
+// drain asks the partition to drain and waits for its answer (at most 5s,
+// far less than the drain timeouts the engine uses).
+func (h *partitionHarness) drain(tb testing.TB) (*Drained, error) {
+	tb.Helper()
+	res, err := h.sys.Root.RequestFuture(h.pid, &Drain{}, 5*time.Second).Result()
+	if err != nil {
+		return nil, err
+	}
+	return res.(*Drained), nil
+}
+
+// scriptedApplier applies batches after gate (if set) is closed, and fails
+// those that hold a record at a bad offset with a record error. It keeps
+// the batches it applied.
+type scriptedApplier struct {
+	mu      sync.Mutex
+	applied []processor.Batch
+	bad     map[int64]bool
+	held    chan struct{} // closed when the first batch waits on gate
+	gate    chan struct{}
+	once    sync.Once
+	panics  bool // panic instead of applying, once released
+}
+
+func (a *scriptedApplier) ApplyWith(ctx context.Context, b processor.Batch, _ *store.Claim, _ store.ApplyOptions) error {
+	if a.gate != nil {
+		a.once.Do(func() { close(a.held) })
+		select {
+		case <-a.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if a.panics {
+			panic("processor bug")
+		}
+	}
+	for _, r := range b.Records {
+		if a.bad[r.Offset] {
+			return processor.Permanent(errors.New("bad record"))
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.applied = append(a.applied, b)
+	return nil
+}
+
+func (a *scriptedApplier) snapshot() []processor.Batch {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]processor.Batch(nil), a.applied...)
+}
+
+// flakyDLQ fails its first request, then writes everything.
+type flakyDLQ struct {
+	mu      sync.Mutex
+	calls   int
+	offsets []int64
+}
+
+func (d *flakyDLQ) DeadLetter(_ context.Context, letters []Letter) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls++
+	if d.calls == 1 {
+		return errors.New("dlq unavailable")
+	}
+	for _, l := range letters {
+		d.offsets = append(d.offsets, l.Record.Offset)
+	}
+	return nil
+}
+
+// TestAbandonedBatchIsReadAgain: a batch whose record error could not be
+// dead-lettered (the DLQ write failed) is neither applied nor cancelled;
+// the partition moves back to its watermark and reads the range again,
+// instead of cutting its next batch past the records it never applied.
+func TestAbandonedBatchIsReadAgain(t *testing.T) {
+	app := &scriptedApplier{bad: map[int64]bool{0: true}}
+	dlq := &flakyDLQ{}
+	h := startPartition(t, app, dlq, 2)
+
+	h.send(t, 0, 0, 2)
+	if next := h.nextSeek(t); next != 0 {
+		t.Fatalf("seek to %d after the abandoned batch, want the watermark 0", next)
+	}
+	// Records read before the seek are not the partition's any more.
+	h.send(t, 0, 2, 4)
+	// The poll loop seeks, and the range comes again.
+	h.sys.Root.Send(h.pid, &Seeked{Seek: 1, Next: 0})
+	h.send(t, 1, 0, 4)
+	testenv.Eventually(t, 10*time.Second, func() bool { return h.cfg.Progress.Next.Load() == 4 },
+		"the partition applied up to 4")
+	d, err := h.drain(t)
+	if err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if d.Next != 4 {
+		t.Errorf("drained at %d, want 4", d.Next)
+	}
+	var applied []int64
+	next := int64(0)
+	for _, b := range app.snapshot() {
+		if b.Start != next {
+			t.Errorf("a batch applied from %d where the last one ended at %d: %+v", b.Start, next, app.snapshot())
+		}
+		next = b.Next
+		for _, r := range b.Records {
+			applied = append(applied, r.Offset)
+		}
+	}
+	if !slices.Equal(applied, []int64{1, 2, 3}) || next != 4 {
+		t.Errorf("applied records %v up to %d, want [1 2 3] up to 4 (0 dead-lettered)", applied, next)
+	}
+	dlq.mu.Lock()
+	dead := slices.Clone(dlq.offsets)
+	dlq.mu.Unlock()
+	if !slices.Equal(dead, []int64{0}) {
+		t.Errorf("dead letters %v, want [0]", dead)
+	}
+	if n := h.buffered.Load(); n != 0 {
+		t.Errorf("%d records still counted as buffered", n)
+	}
+}
+
+// TestDrainAnsweredWhenTheBatchPanics: a drain waiting on a batch whose
+// processor panics is answered when the actor restarts, with the
+// watermark, instead of waiting out the drain timeout; the restarted actor
+// starts no batch again.
+func TestDrainAnsweredWhenTheBatchPanics(t *testing.T) {
+	app := &scriptedApplier{held: make(chan struct{}), gate: make(chan struct{}), panics: true}
+	h := startPartition(t, app, DiscardDLQ{}, 2)
+	h.send(t, 0, 0, 2)
+	<-app.held
+
+	// Queued before the batch can end: the partition holds the drain
+	// when the batch panics.
+	f := h.sys.Root.RequestFuture(h.pid, &Drain{}, 5*time.Second)
+	close(app.gate)
+	res, err := f.Result()
+	if err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if d := res.(*Drained); d.Next != 0 {
+		t.Errorf("drained at %d, want the watermark 0", d.Next)
+	}
+	if next := h.nextSeek(t); next != 0 {
+		t.Errorf("the restarted actor sought %d, want 0", next)
+	}
+	h.sys.Root.Send(h.pid, &Seeked{Seek: 1, Next: 0})
+	h.send(t, 1, 0, 2)
+	// Answered only after the records above were handled: a batch started
+	// for them would hold this drain and show in the applier.
+	if _, err := h.drain(t); err != nil {
+		t.Fatalf("second drain: %v", err)
+	}
+	if got := app.snapshot(); len(got) != 0 {
+		t.Errorf("batches applied after the drain: %+v", got)
+	}
+}
+
+// TestFailedDeadLetterWriteIsReadAgain: when the dead-letter write of a
+// batch's poison fails (the DLQ stopped, or the wait timed out), the batch
+// is read again from the watermark; it is not isolated, which would find
+// the same failed write for every record and dead-letter good ones.
+func TestFailedDeadLetterWriteIsReadAgain(t *testing.T) {
+	app := &scriptedApplier{}
+	dlq := &flakyDLQ{}
+	h := startPartition(t, app, dlq, 4)
+	h.send(t, 0, 0, 4, 2)
+	if next := h.nextSeek(t); next != 0 {
+		t.Fatalf("seek to %d after the failed dead-letter write, want the watermark 0", next)
+	}
+	h.sys.Root.Send(h.pid, &Seeked{Seek: 1, Next: 0})
+	h.send(t, 1, 0, 4, 2)
+	testenv.Eventually(t, 10*time.Second, func() bool { return h.cfg.Progress.Next.Load() == 4 },
+		"the partition applied up to 4")
+	dlq.mu.Lock()
+	dead := slices.Clone(dlq.offsets)
+	dlq.mu.Unlock()
+	if !slices.Equal(dead, []int64{2}) {
+		t.Errorf("dead letters %v, want [2] (the poison only)", dead)
+	}
+	var applied []int64
+	for _, b := range app.snapshot() {
+		for _, r := range b.Records {
+			applied = append(applied, r.Offset)
+		}
+	}
+	if !slices.Equal(applied, []int64{0, 1, 3}) {
+		t.Errorf("applied %v, want [0 1 3]", applied)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"ratchet/internal/event"
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
 	"ratchet/processor"
@@ -59,6 +60,14 @@ type PanicError struct {
 
 func (e *PanicError) Error() string { return fmt.Sprintf("processor panic: %v", e.Value) }
 
+// errDeadLetter marks a dead-letter write that failed (the DLQ actor
+// stopped, or the wait timed out) while the batch's context is alive. The
+// batch cannot go on without those letters, and retrying or isolating it
+// would only find the same failed write (and, isolating, dead-letter good
+// records for it): the batch is given back to the partition, which reads
+// its range again.
+var errDeadLetter = errors.New("dead-letter write failed")
+
 // isPanic reports whether err carries a *PanicError.
 func isPanic(err error) bool {
 	var pe *PanicError
@@ -81,8 +90,11 @@ type applyBatch struct {
 }
 
 // batchDone is the retry actor's answer to applyBatch: the batch's range is
-// applied (err nil), refused by the offset guard, or abandoned because the
-// actor is stopping.
+// applied (err nil; its poison records dead-lettered), refused by the
+// offset guard, failed with a processor panic for the partition to handle,
+// or abandoned: the actor is stopping (context.Canceled), or the batch
+// could be neither applied nor dead-lettered, and the partition must read
+// its range again.
 type batchDone struct {
 	start, next int64
 	err         error
@@ -147,6 +159,14 @@ func (r *retry) run(msg *applyBatch) error {
 		err = r.inFlight.wait(r.ctx) // at-least-once batches of poison only never reach a transaction
 	}
 	r.inFlight = nil
+	if err != nil && r.ctx.Err() == nil && !isPanic(err) && !store.IsOffsetConflict(err) {
+		// The partition reads the batch's range again. Wait first, so that
+		// a failure that lasts (a DLQ actor gone) is not a busy loop of
+		// seeks and re-reads.
+		if serr := sleep(r.ctx, r.cfg.Retry.Backoff(r.cfg.Retry.MaxAttempts)); serr != nil {
+			return serr
+		}
+	}
 	return err
 }
 
@@ -177,6 +197,8 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 		}
 		var conflict *store.OffsetConflictError
 		switch {
+		case errors.Is(err, errDeadLetter):
+			return err
 		case errors.As(err, &conflict):
 			if attempt > 0 && conflict.Kind == store.Overlap && conflict.StoredEpoch == conflict.Epoch &&
 				conflict.StoredNext == b.Next {
@@ -305,10 +327,21 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, letters []Letter
 		defer close(w.done)
 		if err := cfg.DLQ.DeadLetter(ctx, letters); err != nil {
 			w.err = fmt.Errorf("dead letter %s[%d]: %w", letters[0].Record.Topic, letters[0].Record.Partition, err)
+			if ctx.Err() == nil {
+				w.err = fmt.Errorf("%w: %w", errDeadLetter, w.err)
+			}
 			return
 		}
 		cfg.Metrics.DeadLetters.WithLabelValues(letters[0].Record.Topic).Add(float64(len(letters)))
 		cfg.Progress.DeadLetters.Add(int64(len(letters)))
+		for _, l := range letters {
+			// Poison: the value did not decode or broke a rule of the
+			// event contract (not a record the processor refused).
+			var pe *event.Error
+			if errors.As(l.Reason, &pe) {
+				cfg.Metrics.Poison.WithLabelValues(l.Record.Topic, string(pe.Kind)).Inc()
+			}
+		}
 	}()
 	return w, rows
 }

@@ -167,8 +167,18 @@ func (e *engine) run(ctx context.Context) error {
 		pool.Close()
 		pool = sized
 	}
+	// The DLQ flushes last, with what is left of shutdown.timeout counted
+	// from the stop (or a whole one when the engine stops for an error).
+	var stopAt atomic.Int64 // unix nanoseconds; 0 until ctx is done
+	defer context.AfterFunc(ctx, func() { stopAt.Store(time.Now().UnixNano()) })()
+	flushBy := func() time.Time {
+		if at := stopAt.Load(); at != 0 {
+			return time.Unix(0, at).Add(cfg.Shutdown.Timeout)
+		}
+		return time.Now().Add(cfg.Shutdown.Timeout)
+	}
 	dlq, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewDLQ(actors.DLQConfig{
-		Producer: producer, Topic: cfg.Kafka.DLQTopic, Logger: e.log,
+		Producer: producer, Topic: cfg.Kafka.DLQTopic, Logger: e.log, FlushBy: flushBy,
 		Backoff: actors.RetryPolicy{InitialBackoff: cfg.Retry.InitialBackoff, MaxBackoff: cfg.Retry.MaxBackoff},
 	})), "dlq")
 	if err != nil {

@@ -8,6 +8,13 @@
 //     after Process returns nil, and in exactly-once mode the same
 //     transaction moves the partition's stored offset, so the writes and the
 //     offset are applied together or not at all.
+//   - Process must not end tx: ratchet commits it, with the offset advance
+//     in the same COMMIT. tx.Commit and tx.Rollback return ErrTxControl
+//     and fail the batch (it is rolled back and tried again, as after any
+//     error), even when Process ignores that error; so does a COMMIT or
+//     ROLLBACK sent as SQL, found before ratchet sends the advance. Do not
+//     defer tx.Rollback either. Nested transactions (tx.Begin, savepoints)
+//     are fine: committing one only releases its savepoint.
 //   - Process may be called again with the same records after a failure (the
 //     transaction was rolled back). It must not keep side effects outside tx.
 //   - Returning an error marked with Permanent says the batch can never
@@ -93,6 +100,11 @@ func ExecLast(ctx context.Context, tx pgx.Tx, sql string, args ...any) error {
 	_, err := tx.Exec(ctx, sql, args...)
 	return err
 }
+
+// ErrTxControl is returned by Commit and Rollback of the transaction
+// ratchet passes to Process, and fails the batch: the transaction, and the
+// offset advance its COMMIT carries, are ratchet's to end.
+var ErrTxControl = errors.New("the batch's transaction is committed or rolled back by ratchet, not by the processor")
 
 // Func adapts a function to a Processor.
 type Func struct {

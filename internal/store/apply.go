@@ -97,7 +97,13 @@ func (s *Store) process(ctx context.Context, tx *lazyTx, b processor.Batch) (err
 			}
 		}
 	}()
-	if err := s.p.Process(ctx, tx, b); err != nil {
+	err = s.p.Process(ctx, tx, b)
+	if tx.ended != nil {
+		// Whatever the processor returned: a Commit or Rollback it called
+		// was refused, so what it meant to do did not happen.
+		return fmt.Errorf("%s: %w", s.p.Name(), tx.ended)
+	}
+	if err != nil {
 		return fmt.Errorf("%s: %w", s.p.Name(), err)
 	}
 	// The processor may have swallowed the BEGIN's error: its writes did
@@ -143,6 +149,13 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	conn, err := tx.connect(ctx)
 	if err != nil {
 		return err
+	}
+	if !begin && conn.Conn().PgConn().TxStatus() == 'I' {
+		// The processor ended the transaction behind Commit's back (an
+		// Exec of COMMIT or ROLLBACK): the advance and the deferred writes
+		// would each run and commit on their own. Refuse before sending
+		// them.
+		return fmt.Errorf("%s: transaction ended by a statement of the processor: %w", s.p.Name(), processor.ErrTxControl)
 	}
 	// The rows the deferred statements write, which other partitions
 	// write too, are locked last, just before COMMIT: the dead letters and

@@ -2,11 +2,14 @@ package store
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"ratchet/processor"
 )
 
 // lazyTx is the pgx.Tx a processor receives. It takes a connection from
@@ -18,12 +21,20 @@ import (
 // a BEGIN that fails is not tried again: err keeps the error, every later
 // use returns it, and the batch fails with it whatever the processor made
 // of it.
+//
+// The transaction is ratchet's to end: its COMMIT carries the guarded
+// offset advance, so a processor that committed it would have its writes
+// committed with no advance (and under a fenced claim), and one that rolled
+// it back would have the advance commit alone. Commit and Rollback
+// therefore only refuse; ended keeps the refusal, and the batch fails with
+// it even when the processor ignores the error.
 type lazyTx struct {
 	ctx      context.Context // for the methods that take none
 	pool     *pgxpool.Pool
 	conn     *pgxpool.Conn // nil until needed
 	tx       pgx.Tx        // nil until begun
 	err      error         // the connection's or the BEGIN's error
+	ended    error         // the processor tried to commit or roll back
 	deferred pgx.Batch
 }
 
@@ -73,20 +84,20 @@ func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return tx.Begin(ctx)
 }
 
-func (t *lazyTx) Commit(ctx context.Context) error {
-	tx, err := t.begin(ctx)
-	if err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
-}
+// Commit refuses: see lazyTx. The transaction stays open, and the batch
+// fails.
+func (t *lazyTx) Commit(context.Context) error { return t.refuse("commit") }
 
-func (t *lazyTx) Rollback(ctx context.Context) error {
-	tx, err := t.begin(ctx)
-	if err != nil {
-		return err
+// Rollback refuses: see lazyTx. The transaction stays open, and the batch
+// fails (and is rolled back by ratchet).
+func (t *lazyTx) Rollback(context.Context) error { return t.refuse("roll back") }
+
+func (t *lazyTx) refuse(op string) error {
+	err := fmt.Errorf("%s: %w", op, processor.ErrTxControl)
+	if t.ended == nil {
+		t.ended = err
 	}
-	return tx.Rollback(ctx)
+	return err
 }
 
 func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {

@@ -154,3 +154,116 @@ func TestApplyFailsWhenTheBeginFails(t *testing.T) {
 		t.Errorf("next_offset = %d, want 0", got)
 	}
 }
+
+// TestProcessorCannotEndTheTransaction: the batch's transaction is
+// ratchet's to end, since its COMMIT carries the guarded offset advance.
+// A processor's Commit or Rollback is refused with processor.ErrTxControl
+// and fails the batch even when the processor ignores the error; a COMMIT
+// sent as SQL is found before the advance and the deferred writes are
+// sent, so they never run on their own. Under a fenced claim nothing the
+// processor wrote through tx survives.
+func TestProcessorCannotEndTheTransaction(t *testing.T) {
+	pool, url := migratedPoolOf1(t)
+	ctx := testCtx(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE ctl_test (offs bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	observer := openPool(t, url, 1)
+	claim := claimFor(t, pool, "events")
+	insert := func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		_, err := tx.Exec(ctx, `INSERT INTO ctl_test VALUES ($1)`, b.Start)
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		fn   func(ctx context.Context, tx pgx.Tx, b processor.Batch) error
+		// committed is what the processor's own SQL COMMIT made durable
+		// before ratchet could see it; nothing else may be.
+		committed int
+	}{
+		{"commit", func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+			if err := insert(ctx, tx, b); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}, 0},
+		{"commit, error ignored", func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+			if err := insert(ctx, tx, b); err != nil {
+				return err
+			}
+			_ = tx.Commit(ctx)
+			return processor.ExecLast(ctx, tx, `INSERT INTO ctl_test VALUES ($1)`, b.Next)
+		}, 0},
+		{"commit before any write", func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+			_ = tx.Commit(ctx)
+			return processor.ExecLast(ctx, tx, `INSERT INTO ctl_test VALUES ($1)`, b.Next)
+		}, 0},
+		{"rollback, error ignored", func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+			_ = insert(ctx, tx, b)
+			_ = tx.Rollback(ctx)
+			return nil
+		}, 0},
+		{"deferred rollback", func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+			defer func() { _ = tx.Rollback(ctx) }()
+			return insert(ctx, tx, b)
+		}, 0},
+		{"COMMIT as SQL", func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+			if err := insert(ctx, tx, b); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `COMMIT`); err != nil {
+				return err
+			}
+			return processor.ExecLast(ctx, tx, `INSERT INTO ctl_test VALUES ($1)`, b.Next)
+		}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := pool.Exec(ctx, `TRUNCATE ctl_test`); err != nil {
+				t.Fatal(err)
+			}
+			p := processor.Func{ProcessorName: "ender", Fn: c.fn}
+			for _, cl := range []*store.Claim{&claim, nil} {
+				err := store.New(pool, p).Apply(ctx, batch(0, 3), cl)
+				if !errors.Is(err, processor.ErrTxControl) {
+					t.Errorf("claim %v: Apply = %v, want processor.ErrTxControl", cl != nil, err)
+				}
+			}
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM ctl_test`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n != 2*c.committed { // once per Apply
+				t.Errorf("%d rows written, want %d", n, 2*c.committed)
+			}
+			if got := storedNext(t, pool); got != 0 {
+				t.Errorf("next_offset = %d, want 0 (the batch failed)", got)
+			}
+			if n := openTransactions(t, observer); n != 0 {
+				t.Errorf("%d connections left inside a transaction", n)
+			}
+		})
+	}
+
+	t.Run("fenced", func(t *testing.T) {
+		if _, err := pool.Exec(ctx, `TRUNCATE ctl_test`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.ClaimPartition(ctx, pool, "g", "events", 0, "b", 0); err != nil {
+			t.Fatal(err)
+		}
+		p := processor.Func{ProcessorName: "committer", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+			if err := insert(ctx, tx, b); err != nil {
+				return err
+			}
+			_ = tx.Commit(ctx)
+			return nil
+		}}
+		if err := store.New(pool, p).Apply(ctx, batch(0, 3), &claim); err == nil {
+			t.Error("Apply under a fenced claim succeeded")
+		}
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ctl_test`).Scan(&n); err != nil || n != 0 {
+			t.Errorf("%d rows written under a fenced claim (%v), want none", n, err)
+		}
+	})
+}

@@ -28,12 +28,11 @@ func AdminURL() string {
 	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 }
 
-// Postgres creates an empty database for this test and returns its URL. The
-// database is dropped when the test ends.
-func Postgres(tb testing.TB) string {
+// ConnectAdmin connects to AdminURL. Without PostgreSQL it skips the test,
+// or fails it when CI=true; every test that needs the server goes through
+// it (or Postgres), so none can skip its way to a green CI.
+func ConnectAdmin(ctx context.Context, tb testing.TB) *pgx.Conn {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	admin, err := pgx.Connect(ctx, AdminURL())
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -41,6 +40,16 @@ func Postgres(tb testing.TB) string {
 		}
 		tb.Skipf("PostgreSQL not reachable (%v); set RATCHET_TEST_POSTGRES_URL", err)
 	}
+	return admin
+}
+
+// Postgres creates an empty database for this test and returns its URL. The
+// database is dropped when the test ends.
+func Postgres(tb testing.TB) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	admin := ConnectAdmin(ctx, tb)
 	defer admin.Close(ctx)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)

@@ -7,12 +7,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"ratchet/internal/testenv"
 )
@@ -47,10 +46,7 @@ func serverSSL(tb testing.TB) bool {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := pgx.Connect(ctx, testenv.AdminURL())
-	if err != nil {
-		tb.Skipf("PostgreSQL not reachable: %v", err)
-	}
+	c := testenv.ConnectAdmin(ctx, tb)
 	defer c.Close(ctx)
 	var on string
 	if err := c.QueryRow(ctx, "SHOW ssl").Scan(&on); err != nil {
@@ -216,4 +212,50 @@ func TestPostgresRequireAgainstServerWithoutTLS(t *testing.T) {
 	}
 	assertNoSecret(t, "engine error", err.Error(), pgPassword)
 	assertNoSecret(t, "logs", logs.String(), pgPassword)
+}
+
+// outcomeTB records whether a helper skipped or failed the test, and
+// ends the helper's goroutine as testing.T would.
+type outcomeTB struct {
+	testing.TB
+	skipped, failed bool
+}
+
+func (o *outcomeTB) Helper()               {}
+func (o *outcomeTB) Skipf(string, ...any)  { o.skipped = true; runtime.Goexit() }
+func (o *outcomeTB) Skip(...any)           { o.skipped = true; runtime.Goexit() }
+func (o *outcomeTB) SkipNow()              { o.skipped = true; runtime.Goexit() }
+func (o *outcomeTB) Fatalf(string, ...any) { o.failed = true; runtime.Goexit() }
+func (o *outcomeTB) Fatal(...any)          { o.failed = true; runtime.Goexit() }
+func (o *outcomeTB) FailNow()              { o.failed = true; runtime.Goexit() }
+func (o *outcomeTB) Errorf(string, ...any) { o.failed = true }
+func (o *outcomeTB) Cleanup(func())        {}
+func (o *outcomeTB) Logf(string, ...any)   {}
+
+// TestNoPostgresFailsInCI: the helpers of this package treat a missing
+// PostgreSQL as the rest of the suite does, a skip on a developer's
+// machine and a failure when CI=true, never a green CI by skipping.
+func TestNoPostgresFailsInCI(t *testing.T) {
+	t.Setenv("RATCHET_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2")
+	for _, c := range []struct {
+		ci           string
+		skip, failed bool
+	}{
+		{"true", false, true},
+		{"", true, false},
+	} {
+		t.Run("CI="+c.ci, func(t *testing.T) {
+			t.Setenv("CI", c.ci)
+			o := &outcomeTB{TB: t}
+			done := make(chan struct{})
+			go func() { // ends when serverSSL returns, skips or fails
+				defer close(done)
+				serverSSL(o)
+			}()
+			<-done
+			if o.skipped != c.skip || o.failed != c.failed {
+				t.Errorf("without PostgreSQL: skipped %v, failed %v; want skipped %v, failed %v", o.skipped, o.failed, c.skip, c.failed)
+			}
+		})
+	}
 }
