@@ -37,8 +37,11 @@ type SupervisorConfig struct {
 	// the claim's epoch); used when the stored position is past the end of
 	// a recreated topic.
 	Reposition func(ctx context.Context, c store.Claim, next int64) (store.Claim, error)
-	// Format returns the value format of a topic (protobuf or json).
+	// Format returns the value format of a topic (protobuf, json or raw).
 	Format func(topic string) string
+	// NewDecoder, when set, returns the value decoder of a newly assigned
+	// partition of topic (PartitionConfig.NewDecoder).
+	NewDecoder func(topic string) ValueDecoder
 	// AutoOffsetReset (earliest or latest) places a partition that has
 	// neither a stored nor a committed offset.
 	AutoOffsetReset string
@@ -479,7 +482,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		a := &assigned{gen: s.gen, buffered: new(atomic.Int64), progress: newProgress(st.start), epoch: claimEpoch(st.claim)}
 		pcfg := &PartitionConfig{
 			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
-			Format: s.cfg.Format(tp.Topic), BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
+			Format: s.cfg.Format(tp.Topic), NewDecoder: s.cfg.NewDecoder, BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
 			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
 			Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek,
 			PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
