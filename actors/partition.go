@@ -25,21 +25,18 @@ type Applier interface {
 
 // PartitionConfig configures one partition actor.
 type PartitionConfig struct {
-	TP     TopicPartition
-	Gen    uint64       // assignment generation, for the committer
-	Start  int64        // first offset to apply; -1 when unknown (take the first record's)
-	Claim  *store.Claim // exactly-once claim; nil in at-least-once mode
-	Format string       // protobuf, json or raw; used when NewDecoder is nil
-	// NewDecoder returns the value decoder of this partition, called once
-	// per partition assignment; nil means an event.Decoder for Format.
-	NewDecoder func(topic string) ValueDecoder
-	BatchSize  int
-	Linger     time.Duration
-	Retry      RetryPolicy
-	Applier    Applier
-	Committer  *actor.PID
-	DLQ        DeadLetterer
-	DLQTopic   string // where this partition's dead letters go
+	TP        TopicPartition
+	Gen       uint64       // assignment generation, for the committer
+	Start     int64        // first offset to apply; -1 when unknown (take the first record's)
+	Claim     *store.Claim // exactly-once claim; nil in at-least-once mode
+	Format    string       // protobuf, json or raw; used when NewDecoder is nil
+	BatchSize int
+	Linger    time.Duration
+	Retry     RetryPolicy
+	Applier   Applier
+	Committer *actor.PID
+	DLQ       DeadLetterer
+	DLQTopic  string // where this partition's dead letters go
 	// Buffered counts records handed to this partition and not yet applied
 	// or dropped. The poll loop adds, the actor subtracts; the poll loop
 	// pauses the partition above the configured bound.
@@ -55,6 +52,9 @@ type PartitionConfig struct {
 	Seek    func(self *actor.PID, tp TopicPartition, next int64)
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
+	// NewDecoder returns the value decoder of this partition, called once
+	// per partition assignment; nil means an event.Decoder for Format.
+	NewDecoder func(topic string) ValueDecoder
 }
 
 // partitionState is what a partition actor keeps across supervised
