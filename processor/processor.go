@@ -116,6 +116,13 @@ type Decoder interface {
 	Decode(rec *Record) error
 }
 
+// EventReader is implemented by a processor that reads only Record.Event,
+// such as the built-in dashboard. ratchet refuses to start it on a topic
+// whose format decodes no event (raw) unless a custom Decoder is set.
+type EventReader interface {
+	ReadsEvents() bool
+}
+
 // DecoderFunc adapts a function to a Decoder.
 type DecoderFunc func(rec *Record) error
 
