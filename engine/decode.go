@@ -11,7 +11,23 @@ import (
 	"ratchet/internal/metrics"
 	"ratchet/internal/schemareg"
 	"ratchet/processor"
+	"ratchet/processor/dashboard"
 )
+
+// Check reports, as a *config.Error (exit code 2), what makes cfg unusable
+// with opts before anything connects: cfg.Validate's problems, and a topic
+// whose format decodes no event (raw) for a processor that reads only
+// events (the dashboard, the default). Run checks the same; commands call
+// Check first to refuse before they log or start anything.
+func Check(cfg config.Config, opts Options) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if opts.Processor == nil {
+		opts.Processor = dashboard.New()
+	}
+	return checkFormats(cfg, opts)
+}
 
 // checkFormats refuses, as a configuration error (exit code 2), a topic
 // whose format decodes no event when the processor reads only events.

@@ -32,6 +32,9 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := engine.Check(cfg, engine.Options{}); err != nil {
+		return err
+	}
 	log := newLogger(e.stderr, cfg, false)
 	setMemoryLimit(e, log)
 	log.Info("ratchet starting", "version", version(), "config", cfg)
@@ -55,6 +58,9 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 	}
 	if *partitions < 1 {
 		return usagef("dev: -partitions must be at least 1")
+	}
+	if err := engine.Check(cfg, engine.Options{}); err != nil {
+		return err
 	}
 	log := newLogger(e.stderr, cfg, true)
 	topics := make([]string, 0, 2*len(cfg.Kafka.Topics))
