@@ -14,4 +14,3 @@ func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: status, Body: io.NopCloser(strings.NewReader(body)),
 		Header: http.Header{}, Request: req}, nil
 }
-
