@@ -11,6 +11,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/schemaregistry"
 	"github.com/confluentinc/confluent-kafka-go/v2/schemaregistry/serde"
 	"github.com/confluentinc/confluent-kafka-go/v2/schemaregistry/serde/protobuf"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"ratchet/internal/event"
@@ -94,5 +95,53 @@ func TestProduceWithSchemaRegistry(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunWithSchemaRegistry is the documented path end to end through the
+// command line: `ratchet produce --schema-registry` writes framed records,
+// `ratchet run` with RATCHET_SCHEMA_REGISTRY_URL (basic auth from the
+// environment) applies every one of them to the dashboard.
+func TestRunWithSchemaRegistry(t *testing.T) {
+	_, addr := testenv.Kafka(t, 2, "events")
+	dbURL := testenv.Postgres(t)
+	reg := testenv.NewRegistry(t, "key", "s3cret")
+	env := []string{"RATCHET_KAFKA_BROKERS=" + addr, "RATCHET_POSTGRES_URL=" + dbURL, "RATCHET_HTTP_ADDR=127.0.0.1:0",
+		"RATCHET_SCHEMA_REGISTRY_URL=" + reg.URL(), "RATCHET_SCHEMA_REGISTRY_USERNAME=key", "RATCHET_SCHEMA_REGISTRY_PASSWORD=s3cret"}
+	var pout, perr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if code := Run(ctx, []string{"produce", "--count", "300", "--rate", "0", "--poison", "0"}, env, &pout, &perr); code != ExitOK {
+		t.Fatalf("produce exited %d: %s", code, perr.String())
+	}
+
+	var out, errOut testenv.Buffer
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() { done <- Run(runCtx, []string{"run"}, env, &out, &errOut) }() // ends when runCtx is cancelled
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	testenv.Eventually(t, 90*time.Second, func() bool {
+		var n int64
+		err := pool.QueryRow(context.Background(), `SELECT coalesce(sum(count), 0) FROM dashboard_rollups`).Scan(&n)
+		return err == nil && n == 300
+	}, "300 events in dashboard_rollups; stderr: %s", tail(errOut.String()))
+	stop()
+	select {
+	case code := <-done:
+		if code != ExitOK {
+			t.Errorf("run exited %d: %s", code, tail(errOut.String()))
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("run did not stop within 60s")
+	}
+	if strings.Contains(errOut.String()+perr.String(), "s3cret") {
+		t.Error("the registry password appears in the logs")
+	}
+	if !strings.Contains(errOut.String(), `"password":"REDACTED"`) {
+		t.Errorf("the logged configuration does not show the password as REDACTED: %s", tail(errOut.String()))
 	}
 }
