@@ -30,12 +30,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/schemaregistry"
 	"github.com/confluentinc/confluent-kafka-go/v2/schemaregistry/rest"
+	"golang.org/x/sync/singleflight"
 
 	"ratchet/config"
 	"ratchet/internal/metrics"
@@ -95,6 +97,8 @@ type Schema struct {
 type Registry struct {
 	client schemaregistry.Client
 	m      *metrics.Metrics
+
+	inflight singleflight.Group // by schema id
 
 	mu       sync.Mutex
 	found    map[int32]*Schema
@@ -163,7 +167,17 @@ func (r *Registry) Lookup(ctx context.Context, id int32) (*Schema, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// Every partition of a topic meets a new schema id at about the same
+	// time: one request answers them all.
+	v, err, _ := r.inflight.Do(strconv.Itoa(int(id)), func() (any, error) { return r.fetch(id) })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Schema), nil
+}
 
+// fetch asks the registry for id and caches the answer.
+func (r *Registry) fetch(id int32) (*Schema, error) {
 	info, err := r.client.GetBySubjectAndID("", int(id))
 	if err != nil {
 		if isNotFound(err) {

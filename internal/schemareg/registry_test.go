@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -278,5 +279,28 @@ func TestBasicAuth(t *testing.T) {
 				t.Errorf("error reveals the password: %v", err)
 			}
 		})
+	}
+}
+
+// TestConcurrentLookupsShareOneRequest: every partition meeting a new id at
+// once costs one registry request.
+func TestConcurrentLookupsShareOneRequest(t *testing.T) {
+	reg := testenv.NewRegistry(t, "", "")
+	id := reg.Add("events-value", "JSON", eventJSONSchema)
+	r, m := newRegistry(t, reg.URL())
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			if s, err := r.Lookup(context.Background(), int32(id)); err != nil || s.Type != TypeJSON {
+				t.Errorf("Lookup = %+v, %v", s, err)
+			}
+		})
+	}
+	wg.Wait()
+	if _, byID := reg.Requests(); byID != 1 {
+		t.Errorf("%d requests for one id, want 1", byID)
+	}
+	if n := testutil.ToFloat64(m.RegistryLookups.WithLabelValues("found")); n != 1 {
+		t.Errorf("lookups found = %v, want 1", n)
 	}
 }
