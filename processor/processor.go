@@ -19,6 +19,15 @@
 //     COMMIT, in the same round trip, and hold those rows' locks shortest.
 //   - Process runs on the partition's own goroutine; batches of one partition
 //     never overlap, batches of different partitions run concurrently.
+//   - Each Record carries the Kafka record's metadata (key, headers,
+//     timestamp and its type) besides the decoded event. Its byte slices
+//     share memory with the record the consumer returned, nothing is copied
+//     on the way: Process may keep them but must never modify them, since a
+//     retried batch is given the same records.
+//   - What a record's value decodes into depends on its topic's format:
+//     Record.Event for protobuf and json (also in the schema registry's wire
+//     format), nothing for raw (read Record.Value), Record.Decoded for a
+//     custom Decoder (engine.Options.Decoder).
 package processor
 
 import (
