@@ -128,7 +128,8 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	exactlyOnce := cfg.Commit.Mode == config.ModeExactlyOnce
 	e.log.Info("engine starting", "owner", e.opts.Owner, "group", cfg.Kafka.GroupID,
-		"topics", cfg.Kafka.Topics, "mode", cfg.Commit.Mode, "processor", e.opts.Processor.Name())
+		"topics", cfg.Kafka.Topics, "mode", cfg.Commit.Mode, "processor", e.opts.Processor.Name(),
+		"schema_registry", cfg.SchemaRegistry.URL)
 
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(minLevel{h: e.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")

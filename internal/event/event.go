@@ -2,8 +2,10 @@
 //
 // A record value is either the protobuf binary encoding of
 // ratchet.v1.Event (FormatProtobuf, the default) or its canonical JSON form
-// (FormatJSON), chosen per topic in the configuration. Decode parses the
-// value and then applies the rules of the event contract with Validate, so
+// (FormatJSON), chosen per topic in the configuration; FormatRaw decodes
+// nothing. ParseFrame reads the Confluent Schema Registry wire format
+// around such a value (internal/schemareg looks its schema id up). Decode
+// parses the value and then applies the rules of the event contract with Validate, so
 // a returned event is always one a processor may apply.
 //
 // Every error Decode returns for a record is an *Error: the record is
