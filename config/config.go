@@ -143,7 +143,8 @@ type SchemaRegistry struct {
 	URL SecretURL
 	// Username and Password (schema_registry.username, .password) are the
 	// basic-auth credentials, e.g. a Confluent Cloud API key and secret.
-	Username string
+	// Both are secrets: an API key names an account.
+	Username Secret
 	Password Secret
 }
 

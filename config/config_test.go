@@ -80,7 +80,7 @@ func TestDefaults(t *testing.T) {
 		{"log.level", cfg.Log.Level, "info"},
 		{"log.format", cfg.Log.Format, "json"},
 		{"schema_registry.url", cfg.SchemaRegistry.URL.Reveal(), ""},
-		{"schema_registry.username", cfg.SchemaRegistry.Username, ""},
+		{"schema_registry.username", cfg.SchemaRegistry.Username.Reveal(), ""},
 		{"schema_registry.password", cfg.SchemaRegistry.Password.Reveal(), ""},
 	}
 	for _, c := range checks {

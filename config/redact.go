@@ -84,7 +84,8 @@ func RedactURL(s string) string {
 	return paramPassword.ReplaceAllString(s, "${1}"+redacted)
 }
 
-// Secret is a value that must never be printed (schema_registry.password).
+// Secret is a value that must never be printed (schema_registry.username
+// and .password).
 // Every way of printing it (String, fmt verbs, slog, JSON, YAML) gives
 // REDACTED, or nothing when it is empty; Reveal returns the real value.
 type Secret string
@@ -190,9 +191,9 @@ func SensitiveProperty(name string) bool {
 }
 
 // Redacted returns a copy of c that is safe to print or serialise: the
-// passwords of postgres.url and schema_registry.url,
-// schema_registry.password and every sensitive kafka.properties value are
-// REDACTED. The copy shares no maps or slices with c. It is not a working
+// passwords of postgres.url and schema_registry.url, the
+// schema_registry credentials and every sensitive kafka.properties value
+// are REDACTED. The copy shares no maps or slices with c. It is not a working
 // configuration.
 func (c Config) Redacted() Config {
 	r := c
@@ -202,6 +203,7 @@ func (c Config) Redacted() Config {
 	r.Kafka.Properties = c.Kafka.Properties.redacted()
 	r.Postgres.URL = SecretURL(c.Postgres.URL.String())
 	r.SchemaRegistry.URL = SecretURL(c.SchemaRegistry.URL.String())
+	r.SchemaRegistry.Username = Secret(c.SchemaRegistry.Username.String())
 	r.SchemaRegistry.Password = Secret(c.SchemaRegistry.Password.String())
 	return r
 }

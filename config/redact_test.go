@@ -29,7 +29,7 @@ kafka:
     sasl.oauthbearer.client.secret: `+planted+`
 `)
 	return mustLoad(tb, path, "RATCHET_POSTGRES_URL=postgres://app:"+planted+"@db:5432/ratchet?sslmode=require",
-		"RATCHET_SCHEMA_REGISTRY_URL=https://key:"+planted+"@registry:8081", "RATCHET_SCHEMA_REGISTRY_USERNAME=key",
+		"RATCHET_SCHEMA_REGISTRY_URL=https://key:"+planted+"@registry:8081", "RATCHET_SCHEMA_REGISTRY_USERNAME=u-"+planted,
 		"RATCHET_SCHEMA_REGISTRY_PASSWORD="+planted)
 }
 
@@ -81,7 +81,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		}
 	}
 	if !strings.Contains(cfg.Postgres.URL.Reveal(), planted) || cfg.Kafka.Properties["sasl.password"] != planted ||
-		cfg.SchemaRegistry.Password.Reveal() != planted {
+		cfg.SchemaRegistry.Password.Reveal() != planted || cfg.SchemaRegistry.Username.Reveal() != "u-"+planted {
 		t.Error("the configuration itself must keep the secrets")
 	}
 	if !strings.Contains(textLog.String(), "config.kafka.properties.sasl.username=app") {

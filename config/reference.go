@@ -52,7 +52,7 @@ var keys = []key{
 	{"log.level", "debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
 	{"log.format", "json or text", func(c *Config) any { return &c.Log.Format }},
 	{"schema_registry.url", "Confluent Schema Registry, http(s)://host:port; when set, protobuf and json values are in its wire format (magic byte, schema id) and schema ids are looked up there; empty: off", func(c *Config) any { return &c.SchemaRegistry.URL }},
-	{"schema_registry.username", "basic-auth user of the registry (e.g. an API key)", func(c *Config) any { return &c.SchemaRegistry.Username }},
+	{"schema_registry.username", "basic-auth user of the registry (e.g. an API key); never printed", func(c *Config) any { return &c.SchemaRegistry.Username }},
 	{"schema_registry.password", "basic-auth password of the registry (e.g. an API secret); never printed", func(c *Config) any { return &c.SchemaRegistry.Password }},
 }
 

@@ -269,7 +269,7 @@ func (c Config) validateSchemaRegistry(v *validator) {
 	r := c.SchemaRegistry
 	if r.URL == "" {
 		if r.Username != "" {
-			v.bad("schema_registry.username", r.Username, "empty unless schema_registry.url is set")
+			v.bad("schema_registry.username", r.Username.String(), "empty unless schema_registry.url is set")
 		}
 		if r.Password != "" {
 			v.bad("schema_registry.password", r.Password.String(), "empty unless schema_registry.url is set")

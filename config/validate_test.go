@@ -23,7 +23,7 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"registry bad port", "schema_registry:\n  url: http://registry:0\n", nil,
 			`schema_registry.url: "http://registry:0" is not allowed (allowed: a port of 1..65535)`},
 		{"registry user without url", "", []string{"RATCHET_SCHEMA_REGISTRY_USERNAME=key"},
-			`schema_registry.username (RATCHET_SCHEMA_REGISTRY_USERNAME): "key" is not allowed (allowed: empty unless schema_registry.url is set)`},
+			`schema_registry.username (RATCHET_SCHEMA_REGISTRY_USERNAME): "REDACTED" is not allowed (allowed: empty unless schema_registry.url is set)`},
 		{"registry password without user", "", []string{"RATCHET_SCHEMA_REGISTRY_URL=http://r:8081", "RATCHET_SCHEMA_REGISTRY_PASSWORD=x"},
 			`schema_registry.username: "" is not allowed (allowed: the user the password belongs to`},
 		{"registry unknown key", "", []string{"RATCHET_SCHEMA_REGISTRY_USER=key"},

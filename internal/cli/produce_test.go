@@ -141,7 +141,7 @@ func TestRunWithSchemaRegistry(t *testing.T) {
 	if strings.Contains(errOut.String()+perr.String(), "s3cret") {
 		t.Error("the registry password appears in the logs")
 	}
-	if !strings.Contains(errOut.String(), `"password":"REDACTED"`) {
+	if !strings.Contains(errOut.String(), `"username":"REDACTED","password":"REDACTED"`) {
 		t.Errorf("the logged configuration does not show the password as REDACTED: %s", tail(errOut.String()))
 	}
 }

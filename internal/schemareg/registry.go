@@ -125,7 +125,7 @@ func NewClient(cfg config.SchemaRegistry) (schemaregistry.Client, error) {
 	case err != nil:
 		return nil, fmt.Errorf("schema_registry.url %s: %w", cfg.URL, err)
 	case cfg.Username != "":
-		sc = schemaregistry.NewConfigWithBasicAuthentication(raw, cfg.Username, cfg.Password.Reveal())
+		sc = schemaregistry.NewConfigWithBasicAuthentication(raw, cfg.Username.Reveal(), cfg.Password.Reveal())
 	case u.User != nil:
 		sc = schemaregistry.NewConfig(raw)
 		sc.BasicAuthCredentialsSource = "URL"
