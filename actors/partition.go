@@ -349,9 +349,15 @@ func (p *Partition) lookedUp(c actor.Context, msg *lookedUp) {
 	p.maybeDispatch(c, false)
 }
 
+// lookupMaxBackoff caps the retry policy's backoff between lookups: a
+// lookup is one small request, and the partition should go on within
+// seconds of the service's return rather than after retry.max_backoff.
+const lookupMaxBackoff = 5 * time.Second
+
 // resolve runs r.Resolve until it succeeds or ctx ends, waiting the retry
-// policy's backoff between attempts; meanwhile the partition reports
-// degraded, as for a transient database failure.
+// policy's backoff (capped at lookupMaxBackoff) between attempts;
+// meanwhile the partition reports degraded, as for a transient database
+// failure.
 func resolve(ctx context.Context, cfg *PartitionConfig, r Resolver, values [][]byte) (func(), error) {
 	var degradedSince time.Time
 	defer func() {
@@ -376,7 +382,7 @@ func resolve(ctx context.Context, cfg *PartitionConfig, r Resolver, values [][]b
 		cfg.Metrics.Retries.WithLabelValues("lookup").Inc()
 		cfg.Logger.Warn("lookup failed, retrying", "actor", "partition", "topic", cfg.TP.Topic,
 			"partition", cfg.TP.Partition, "attempt", attempt+1, "err", err)
-		if err := sleep(ctx, cfg.Retry.Backoff(attempt)); err != nil {
+		if err := sleep(ctx, min(cfg.Retry.Backoff(attempt), lookupMaxBackoff)); err != nil {
 			return nil, err
 		}
 	}
