@@ -221,6 +221,20 @@ message Unused { string note = 1; }`)
 	reg.Fail(0)
 	waitApplied(t, pool, sent.Load())
 	ready.waitFor(t, "ready", 30*time.Second)
+	fams := scrape(t, base)
+	if n := series(fams, "ratchet_decoded_records_total")["format=protobuf+registry,result=ok,topic="+topic]; n < float64(sent.Load()) {
+		t.Errorf("ratchet_decoded_records_total ok = %v, want at least %d", n, sent.Load())
+	}
+	errs := series(fams, "ratchet_schema_registry_errors_total")
+	if errs["reason=unreachable"] == 0 || errs["reason=server_error"] == 0 {
+		t.Errorf("ratchet_schema_registry_errors_total = %v, want unreachable and server_error counted", errs)
+	}
+	if n := series(fams, "ratchet_schema_registry_lookups_total")["result=found"]; n != 2 {
+		t.Errorf("ratchet_schema_registry_lookups_total found = %v, want 2 (two schema ids)", n)
+	}
+	if n := sum(series(fams, "ratchet_schema_registry_cache_hits_total")); n < float64(sent.Load()) {
+		t.Errorf("ratchet_schema_registry_cache_hits_total = %v, want at least %d", n, sent.Load())
+	}
 	r.stop(t)
 	assertLedgerExactlyOnce(t, pool, sent.Load())
 	if n := dlqRecords(cluster, cfg.Kafka.DLQTopic(topic)); n != 0 {
