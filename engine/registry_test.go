@@ -114,7 +114,15 @@ func TestSchemaRegistryFramedRecords(t *testing.T) {
 				unknown.value = append(event.AppendFrame(nil, 9999, nil), plain...)
 			}
 			noMagic := &rawRecord{key: []byte("no-magic"), value: plain}
-			recs = append(recs[:n/2], append([]*rawRecord{unknown, noMagic}, recs[n/2:]...)...)
+			poison := []*rawRecord{unknown, noMagic}
+			if format == config.FormatProtobuf {
+				// A registered schema of another message: the dashboard
+				// needs ratchet.v1.Event.
+				orderID := reg.Add("orders-value", "PROTOBUF", `syntax = "proto3"; package shop.v1; message Order { string id = 1; }`)
+				poison = append(poison, &rawRecord{key: []byte("not-event"),
+					value: append(event.AppendFrame(nil, int32(orderID), []int{0}), plain...)})
+			}
+			recs = append(recs[:n/2], append(poison, recs[n/2:]...)...)
 			newProducer(t, addr).sendRaw(t, recs)
 
 			_, byIDBefore := reg.Requests() // the serializer's own lookups
@@ -124,9 +132,9 @@ func TestSchemaRegistryFramedRecords(t *testing.T) {
 			r := start(t, cfg, nil, "a")
 			want := expectRollups(events)
 			waitRollups(t, pool, want)
-			got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), 2)
+			got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), len(poison))
 			r.stop(t)
-			assertDLQHoldsExactly(t, got, []*rawRecord{unknown, noMagic})
+			assertDLQHoldsExactly(t, got, poison)
 			reasons := map[string]string{}
 			for _, e := range got {
 				reasons[string(e.key)] = e.headers["ratchet.error"]
@@ -137,8 +145,11 @@ func TestSchemaRegistryFramedRecords(t *testing.T) {
 			if !strings.Contains(reasons["no-magic"], "no magic byte") {
 				t.Errorf("unframed record dead-lettered with %q", reasons["no-magic"])
 			}
-			if _, byID := reg.Requests(); byID-byIDBefore > 2 {
-				t.Errorf("%d registry lookups by id for one schema and one unknown id; the cache should answer the rest", byID-byIDBefore)
+			if format == config.FormatProtobuf && !strings.Contains(reasons["not-event"], "does not define ratchet.v1.Event") {
+				t.Errorf("record of another message dead-lettered with %q", reasons["not-event"])
+			}
+			if _, byID := reg.Requests(); byID-byIDBefore > int64(len(poison)) {
+				t.Errorf("%d registry lookups by id for %d schema ids; the cache should answer the rest", byID-byIDBefore, len(poison))
 			}
 			if rows := readRollups(t, pool); len(rows) != len(want) {
 				t.Errorf("%d rollup rows after the stop, want %d", len(rows), len(want))
