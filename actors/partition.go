@@ -29,7 +29,7 @@ type PartitionConfig struct {
 	Gen       uint64       // assignment generation, for the committer
 	Start     int64        // first offset to apply; -1 when unknown (take the first record's)
 	Claim     *store.Claim // exactly-once claim; nil in at-least-once mode
-	Format    string       // protobuf or json
+	Format    string       // protobuf, json or raw; used when NewDecoder is nil
 	BatchSize int
 	Linger    time.Duration
 	Retry     RetryPolicy
@@ -52,6 +52,9 @@ type PartitionConfig struct {
 	Seek    func(self *actor.PID, tp TopicPartition, next int64)
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
+	// NewDecoder returns the value decoder of this partition, called once
+	// per partition assignment; nil means an event.Decoder for Format.
+	NewDecoder func(topic string) ValueDecoder
 }
 
 // partitionState is what a partition actor keeps across supervised
@@ -66,7 +69,37 @@ type partitionState struct {
 	// batch again, whichever incarnation is current.
 	draining bool
 	panics   map[int64]int // batch start offset → processor panics there
-	dec      *event.Decoder
+	dec      ValueDecoder
+}
+
+// ValueDecoder decodes the records of one partition: it sets rec.Event (or
+// rec.Decoded) from rec.Value. Every error it returns makes the record
+// poison: it goes to the dead-letter topic with the error as the reason.
+// It is called on the partition's goroutine only, so it may keep state
+// (*event.Decoder interns strings).
+type ValueDecoder interface {
+	DecodeRecord(rec *processor.Record) error
+}
+
+// Resolver is implemented by a ValueDecoder that must look something up in
+// another service before it can decode some values (the schemas of a
+// schema registry). Before the partition cuts a batch it asks Missing for
+// each record; while any lookup is missing it cuts nothing, runs Resolve
+// off its goroutine, retried with the retry policy's backoff for as long
+// as the service is unavailable (the partition reports degraded), and
+// calls learn on its own goroutine when Resolve succeeded. An unavailable
+// service therefore only delays the partition; it never makes a record
+// poison.
+type Resolver interface {
+	// Missing reports whether decoding value needs a lookup the decoder
+	// has not learned yet. No I/O; called on the partition's goroutine.
+	Missing(value []byte) bool
+	// Resolve looks up what values need. An error means the service is
+	// unavailable and Resolve is called again after a backoff; answers
+	// that make a record poison (an unknown schema) are not errors but
+	// part of what learn teaches. Resolve runs on its own goroutine and
+	// must not touch the decoder's state; learn does, on the partition's.
+	Resolve(ctx context.Context, values [][]byte) (learn func(), err error)
 }
 
 // entry is one buffered record: decoded, or poison with the reason.
@@ -101,6 +134,9 @@ type Partition struct {
 	// stop), so a revoke does not wait out its whole drain timeout.
 	drainers  []*actor.PID
 	awaitSeek bool // restarted: drop records until the seek is confirmed
+	// lookingUp is set while the decoder's lookups for the head of the
+	// queue run (see Resolver); nothing is cut meanwhile.
+	lookingUp bool
 
 	retry *actor.PID
 	// ctx is this incarnation's life (cancelled on restart and stop); dead
@@ -127,7 +163,13 @@ const cutAhead = 4
 
 // NewPartition returns the producer of a partition actor.
 func NewPartition(cfg *PartitionConfig) actor.Producer {
-	st := &partitionState{next: cfg.Start, panics: map[int64]int{}, dec: event.NewDecoder(cfg.Format)}
+	var dec ValueDecoder
+	if cfg.NewDecoder != nil {
+		dec = cfg.NewDecoder(cfg.TP.Topic)
+	} else {
+		dec = event.NewDecoder(cfg.Format)
+	}
+	st := &partitionState{next: cfg.Start, panics: map[int64]int{}, dec: dec}
 	return func() actor.Actor { return &Partition{cfg: cfg, state: st} }
 }
 
@@ -148,6 +190,8 @@ func (p *Partition) Receive(c actor.Context) {
 		}
 	case *batchDone:
 		p.batchDone(c, msg)
+	case *lookedUp:
+		p.lookedUp(c, msg)
 	case *Drain:
 		p.state.draining = true
 		if p.inFlight == nil {
@@ -230,19 +274,126 @@ func (p *Partition) enqueue(c actor.Context, msg *Records) {
 
 func (p *Partition) decode(m *kafka.Message) entry {
 	rec := processor.Record{
-		Topic:     p.cfg.TP.Topic,
-		Partition: p.cfg.TP.Partition,
-		Offset:    int64(m.TopicPartition.Offset),
-		Key:       m.Key,
-		Value:     m.Value,
-		Timestamp: m.Timestamp,
+		Topic:         p.cfg.TP.Topic,
+		Partition:     p.cfg.TP.Partition,
+		Offset:        int64(m.TopicPartition.Offset),
+		Key:           m.Key,
+		Value:         m.Value,
+		Timestamp:     m.Timestamp,
+		TimestampType: timestampType(m.TimestampType),
 	}
-	ev, err := p.state.dec.Decode(m.Value)
-	if err != nil {
+	if len(m.Headers) > 0 {
+		// One small allocation for the header structs; their values are
+		// shared, not copied.
+		rec.Headers = make([]processor.Header, len(m.Headers))
+		for i, h := range m.Headers {
+			rec.Headers[i] = processor.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	if err := p.state.dec.DecodeRecord(&rec); err != nil {
+		rec.Event, rec.Decoded = nil, nil
 		return entry{rec: rec, poison: err}
 	}
-	rec.Event = ev
 	return entry{rec: rec}
+}
+
+func timestampType(t kafka.TimestampType) processor.TimestampType {
+	switch t {
+	case kafka.TimestampCreateTime:
+		return processor.TimestampCreateTime
+	case kafka.TimestampLogAppendTime:
+		return processor.TimestampLogAppendTime
+	}
+	return processor.TimestampNone
+}
+
+// lookedUp is the answer of a partition's lookups (see Resolver): learn
+// teaches the decoder what they found; err is set only when the lookups
+// were abandoned because the incarnation ctx ended. Sent by the lookup
+// goroutine to the partition actor.
+type lookedUp struct {
+	ctx   context.Context // the incarnation that asked
+	learn func()
+	err   error
+}
+
+// awaitLookups reports whether the first n queued records must wait for
+// lookups before they can be decoded, and starts them if none are running.
+func (p *Partition) awaitLookups(c actor.Context, n int) bool {
+	r, ok := p.state.dec.(Resolver)
+	if !ok {
+		return false
+	}
+	if p.lookingUp {
+		return true
+	}
+	var values [][]byte
+	for _, m := range p.queue[:n] {
+		if r.Missing(m.Value) {
+			values = append(values, m.Value)
+		}
+	}
+	if len(values) == 0 {
+		return false
+	}
+	p.lookingUp = true
+	ctx, self, root := p.ctx, c.Self(), c.ActorSystem().Root
+	go func() { // ends when the lookups succeeded or ctx (this incarnation) ended
+		learn, err := resolve(ctx, p.cfg, r, values)
+		root.Send(self, &lookedUp{ctx: ctx, learn: learn, err: err})
+	}()
+	return true
+}
+
+func (p *Partition) lookedUp(c actor.Context, msg *lookedUp) {
+	if msg.ctx != p.ctx {
+		return // asked by an earlier incarnation
+	}
+	p.lookingUp = false
+	if msg.err != nil {
+		return
+	}
+	msg.learn()
+	p.maybeDispatch(c, false)
+}
+
+// lookupMaxBackoff caps the retry policy's backoff between lookups: a
+// lookup is one small request, and the partition should go on within
+// seconds of the service's return rather than after retry.max_backoff.
+const lookupMaxBackoff = 5 * time.Second
+
+// resolve runs r.Resolve until it succeeds or ctx ends, waiting the retry
+// policy's backoff (capped at lookupMaxBackoff) between attempts;
+// meanwhile the partition reports degraded, as for a transient database
+// failure.
+func resolve(ctx context.Context, cfg *PartitionConfig, r Resolver, values [][]byte) (func(), error) {
+	var degradedSince time.Time
+	defer func() {
+		if !degradedSince.IsZero() {
+			cfg.Metrics.DegradedSeconds.Add(time.Since(degradedSince).Seconds())
+			cfg.Progress.Degraded.Store(false)
+		}
+	}()
+	for attempt := 0; ; attempt++ {
+		learn, err := r.Resolve(ctx, values)
+		if err == nil {
+			return learn, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if degradedSince.IsZero() {
+			degradedSince = time.Now()
+		}
+		cfg.Progress.Degraded.Store(true)
+		cfg.Progress.Retries.Add(1)
+		cfg.Metrics.Retries.WithLabelValues("lookup").Inc()
+		cfg.Logger.Warn("lookup failed, retrying", "actor", "partition", "topic", cfg.TP.Topic,
+			"partition", cfg.TP.Partition, "attempt", attempt+1, "err", err)
+		if err := sleep(ctx, min(cfg.Retry.Backoff(attempt), lookupMaxBackoff)); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // maybeDispatch starts the next batch when none is in flight and the queue
@@ -255,7 +406,7 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 		return
 	}
 	if p.inFlight != nil {
-		for len(p.ready) < cutAhead && len(p.queue) >= p.cfg.BatchSize {
+		for len(p.ready) < cutAhead && len(p.queue) >= p.cfg.BatchSize && !p.awaitLookups(c, p.cfg.BatchSize) {
 			b, n := p.cut(p.cfg.BatchSize)
 			p.ready = append(p.ready, cutBatch{msg: b, n: n})
 		}
@@ -268,6 +419,9 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 	if len(p.queue) < p.cfg.BatchSize && !lingerDue && waited < p.cfg.Linger {
 		p.armTimer(c, p.cfg.Linger-waited)
 		return
+	}
+	if p.awaitLookups(c, min(len(p.queue), p.cfg.BatchSize)) {
+		return // lookedUp dispatches
 	}
 	b, n := p.cut(min(len(p.queue), p.cfg.BatchSize))
 	p.send(c, b, n)

@@ -37,8 +37,11 @@ type SupervisorConfig struct {
 	// the claim's epoch); used when the stored position is past the end of
 	// a recreated topic.
 	Reposition func(ctx context.Context, c store.Claim, next int64) (store.Claim, error)
-	// Format returns the value format of a topic (protobuf or json).
+	// Format returns the value format of a topic (protobuf, json or raw).
 	Format func(topic string) string
+	// NewDecoder, when set, returns the value decoder of a newly assigned
+	// partition of topic (PartitionConfig.NewDecoder).
+	NewDecoder func(topic string) ValueDecoder
 	// AutoOffsetReset (earliest or latest) places a partition that has
 	// neither a stored nor a committed offset.
 	AutoOffsetReset string

@@ -4,10 +4,11 @@
 // *Error, one line per problem naming the key, the value and what is
 // allowed; the command line exits with code 2 on it.
 //
-// Secrets never appear in what this package prints: the password of
-// postgres.url (a SecretURL) and sensitive kafka.properties values (see
-// SensitiveProperty) render as REDACTED in String, fmt verbs, slog and
-// problem lines. Only SecretURL.Reveal returns the real URL.
+// Secrets never appear in what this package prints: the passwords of
+// postgres.url and schema_registry.url (SecretURLs), schema_registry.password
+// (a Secret) and sensitive kafka.properties values (see SensitiveProperty)
+// render as REDACTED in String, fmt verbs, slog and problem lines. Only
+// Reveal returns the real values.
 package config
 
 import (
@@ -32,20 +33,23 @@ const (
 const (
 	FormatProtobuf = "protobuf"
 	FormatJSON     = "json"
+	// FormatRaw passes values undecoded to a custom processor.
+	FormatRaw = "raw"
 )
 
 // Config is the whole configuration. Build it with Default or Load; a value
 // built by hand should pass Validate before use.
 type Config struct {
-	Kafka       Kafka
-	Postgres    Postgres
-	Processing  Processing
-	Commit      Commit
-	Retry       Retry
-	Supervision Supervision
-	HTTP        HTTP
-	Shutdown    Shutdown
-	Log         Log
+	Kafka          Kafka
+	Postgres       Postgres
+	Processing     Processing
+	Commit         Commit
+	Retry          Retry
+	Supervision    Supervision
+	HTTP           HTTP
+	Shutdown       Shutdown
+	Log            Log
+	SchemaRegistry SchemaRegistry
 }
 
 // Kafka is the kafka section: where to read and how.
@@ -53,7 +57,7 @@ type Kafka struct {
 	Brokers      []string          // kafka.brokers, host:port
 	GroupID      string            // kafka.group_id
 	Topics       []string          // kafka.topics
-	Format       string            // kafka.format, FormatProtobuf or FormatJSON
+	Format       string            // kafka.format, FormatProtobuf, FormatJSON or FormatRaw
 	TopicFormats map[string]string // kafka.topic_formats, per-topic Format override
 	DLQTopicName string            // kafka.dlq_topic; empty means <topic>.dlq (see DLQTopic)
 	InstanceID   string            // kafka.instance_id, group.instance.id when set
@@ -127,6 +131,21 @@ type HTTP struct {
 // Shutdown is the shutdown section.
 type Shutdown struct {
 	Timeout time.Duration // shutdown.timeout, drain limit on stop
+}
+
+// SchemaRegistry is the schema_registry section. When URL is set, protobuf
+// and json values are expected in the Confluent Schema Registry wire format
+// (magic byte, schema id, for protobuf the message indexes), and each
+// schema id is looked up in the registry.
+type SchemaRegistry struct {
+	// URL (schema_registry.url) is the registry's http:// or https:// URL;
+	// empty turns framing off. Credentials in it print redacted.
+	URL SecretURL
+	// Username and Password (schema_registry.username, .password) are the
+	// basic-auth credentials, e.g. a Confluent Cloud API key and secret.
+	// Both are secrets: an API key names an account.
+	Username Secret
+	Password Secret
 }
 
 // Log is the log section.
@@ -282,6 +301,8 @@ func setText(p any, s string) error {
 		*p = s
 	case *SecretURL:
 		*p = SecretURL(s)
+	case *Secret:
+		*p = Secret(s)
 	case *int:
 		v, err := strconv.Atoi(s)
 		if err != nil {
@@ -379,6 +400,8 @@ func show(p any) string {
 		return *p
 	case *SecretURL:
 		return p.String()
+	case *Secret:
+		return p.String()
 	case *int:
 		return strconv.Itoa(*p)
 	case *time.Duration:
@@ -420,6 +443,8 @@ func quoteNode(p any, n *yaml.Node) string {
 			return redacted
 		}
 		return SecretURL(n.Value).String()
+	case *Secret:
+		return redacted
 	case *Properties:
 		if n.Kind == yaml.MappingNode {
 			for i := 0; i < len(n.Content); i += 2 {

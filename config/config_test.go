@@ -79,6 +79,9 @@ func TestDefaults(t *testing.T) {
 		{"shutdown.timeout", cfg.Shutdown.Timeout, 30 * time.Second},
 		{"log.level", cfg.Log.Level, "info"},
 		{"log.format", cfg.Log.Format, "json"},
+		{"schema_registry.url", cfg.SchemaRegistry.URL.Reveal(), ""},
+		{"schema_registry.username", cfg.SchemaRegistry.Username.Reveal(), ""},
+		{"schema_registry.password", cfg.SchemaRegistry.Password.Reveal(), ""},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -142,6 +145,10 @@ shutdown:
 log:
   level: debug
   format: text
+schema_registry:
+  url: https://registry:8081
+  username: key
+  password: secret
 `)
 	got := mustLoad(t, path)
 	want := Config{
@@ -151,14 +158,15 @@ log:
 			Properties:      Properties{"security.protocol": "SASL_SSL", "sasl.password": "pw"},
 			RecycleInterval: time.Hour, AutoOffsetReset: "latest",
 		},
-		Postgres:    Postgres{URL: "postgresql://app@db:5433/x?sslmode=require", MaxConns: 8, SynchronousCommit: "on"},
-		Processing:  Processing{BatchSize: 100, BatchLinger: 5 * time.Millisecond, MaxBufferedPerPartition: 200},
-		Commit:      Commit{Mode: ModeAtLeastOnce, Interval: 250 * time.Millisecond},
-		Retry:       Retry{InitialBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 3},
-		Supervision: Supervision{MaxRestarts: 2, Within: 10 * time.Second},
-		HTTP:        HTTP{Addr: "127.0.0.1:0"},
-		Shutdown:    Shutdown{Timeout: 5 * time.Second},
-		Log:         Log{Level: "debug", Format: "text"},
+		Postgres:       Postgres{URL: "postgresql://app@db:5433/x?sslmode=require", MaxConns: 8, SynchronousCommit: "on"},
+		Processing:     Processing{BatchSize: 100, BatchLinger: 5 * time.Millisecond, MaxBufferedPerPartition: 200},
+		Commit:         Commit{Mode: ModeAtLeastOnce, Interval: 250 * time.Millisecond},
+		Retry:          Retry{InitialBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 3},
+		Supervision:    Supervision{MaxRestarts: 2, Within: 10 * time.Second},
+		HTTP:           HTTP{Addr: "127.0.0.1:0"},
+		Shutdown:       Shutdown{Timeout: 5 * time.Second},
+		Log:            Log{Level: "debug", Format: "text"},
+		SchemaRegistry: SchemaRegistry{URL: "https://registry:8081", Username: "key", Password: "secret"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("loaded\n%v\nwant\n%v", got.Redacted(), want.Redacted())

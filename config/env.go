@@ -40,8 +40,8 @@ func (c *Config) applyEnv(environ []string) ([]Problem, map[string]string) {
 	for _, name := range names {
 		k, ok := byEnv[name]
 		if !ok {
-			section, _, _ := strings.Cut(strings.TrimPrefix(name, envPrefix), "_")
-			if slices.Contains(ours, strings.ToLower(section)) {
+			rest := strings.ToLower(strings.TrimPrefix(name, envPrefix))
+			if slices.ContainsFunc(ours, func(s string) bool { return strings.HasPrefix(rest, s+"_") }) {
 				reason := "unknown variable"
 				if near := nearest(name, envNames); near != "" {
 					reason += " (did you mean " + near + "?)"
@@ -101,6 +101,8 @@ func quoteText(p any, s string) string {
 	switch p.(type) {
 	case *SecretURL:
 		return SecretURL(strings.TrimSpace(s)).String()
+	case *Secret:
+		return redacted
 	case *Properties:
 		return quoteProperties(s)
 	}

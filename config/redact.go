@@ -84,6 +84,32 @@ func RedactURL(s string) string {
 	return paramPassword.ReplaceAllString(s, "${1}"+redacted)
 }
 
+// Secret is a value that must never be printed (schema_registry.username
+// and .password).
+// Every way of printing it (String, fmt verbs, slog, JSON, YAML) gives
+// REDACTED, or nothing when it is empty; Reveal returns the real value.
+type Secret string
+
+// Reveal returns the secret, to authenticate with. Never log it.
+func (s Secret) Reveal() string { return string(s) }
+
+// String returns REDACTED, or "" when the secret is empty.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// GoString implements fmt.GoStringer (%#v), redacted.
+func (s Secret) GoString() string { return fmt.Sprintf("config.Secret(%q)", s.String()) }
+
+// LogValue implements slog.LogValuer, redacted.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// MarshalText implements encoding.TextMarshaler, redacted.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
 // Properties are extra librdkafka properties (kafka.properties). Printing
 // them (String, fmt verbs, slog, JSON, YAML) redacts every value whose name
 // SensitiveProperty reports.
@@ -165,8 +191,9 @@ func SensitiveProperty(name string) bool {
 }
 
 // Redacted returns a copy of c that is safe to print or serialise: the
-// password of postgres.url and every sensitive kafka.properties value are
-// REDACTED. The copy shares no maps or slices with c. It is not a working
+// passwords of postgres.url and schema_registry.url, the
+// schema_registry credentials and every sensitive kafka.properties value
+// are REDACTED. The copy shares no maps or slices with c. It is not a working
 // configuration.
 func (c Config) Redacted() Config {
 	r := c
@@ -175,6 +202,9 @@ func (c Config) Redacted() Config {
 	r.Kafka.TopicFormats = maps.Clone(c.Kafka.TopicFormats)
 	r.Kafka.Properties = c.Kafka.Properties.redacted()
 	r.Postgres.URL = SecretURL(c.Postgres.URL.String())
+	r.SchemaRegistry.URL = SecretURL(c.SchemaRegistry.URL.String())
+	r.SchemaRegistry.Username = Secret(c.SchemaRegistry.Username.String())
+	r.SchemaRegistry.Password = Secret(c.SchemaRegistry.Password.String())
 	return r
 }
 

@@ -28,7 +28,9 @@ kafka:
     ssl.key.pem: "-----BEGIN PRIVATE KEY-----`+planted+`"
     sasl.oauthbearer.client.secret: `+planted+`
 `)
-	return mustLoad(tb, path, "RATCHET_POSTGRES_URL=postgres://app:"+planted+"@db:5432/ratchet?sslmode=require")
+	return mustLoad(tb, path, "RATCHET_POSTGRES_URL=postgres://app:"+planted+"@db:5432/ratchet?sslmode=require",
+		"RATCHET_SCHEMA_REGISTRY_URL=https://key:"+planted+"@registry:8081", "RATCHET_SCHEMA_REGISTRY_USERNAME=u-"+planted,
+		"RATCHET_SCHEMA_REGISTRY_PASSWORD="+planted)
 }
 
 func TestSecretsNeverPrinted(t *testing.T) {
@@ -64,6 +66,10 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		"Redacted %+v":       fmt.Sprintf("%+v", cfg.Redacted()),
 		"Redacted url":       cfg.Redacted().Postgres.URL.Reveal(),
 		"Redacted property":  cfg.Redacted().Kafka.Properties["sasl.password"],
+		"%+v SchemaRegistry": fmt.Sprintf("%+v", cfg.SchemaRegistry),
+		"%#v SchemaRegistry": fmt.Sprintf("%#v", cfg.SchemaRegistry),
+		"%v registry secret": fmt.Sprintf("%v", cfg.SchemaRegistry.Password),
+		"Redacted registry":  cfg.Redacted().SchemaRegistry.Password.Reveal() + cfg.Redacted().SchemaRegistry.URL.Reveal(),
 		"Reference markdown": ReferenceMarkdown(),
 	}
 	for name, out := range outputs {
@@ -74,7 +80,8 @@ func TestSecretsNeverPrinted(t *testing.T) {
 			t.Errorf("%s shows no REDACTED marker: %s", name, out)
 		}
 	}
-	if !strings.Contains(cfg.Postgres.URL.Reveal(), planted) || cfg.Kafka.Properties["sasl.password"] != planted {
+	if !strings.Contains(cfg.Postgres.URL.Reveal(), planted) || cfg.Kafka.Properties["sasl.password"] != planted ||
+		cfg.SchemaRegistry.Password.Reveal() != planted || cfg.SchemaRegistry.Username.Reveal() != "u-"+planted {
 		t.Error("the configuration itself must keep the secrets")
 	}
 	if !strings.Contains(textLog.String(), "config.kafka.properties.sasl.username=app") {
@@ -98,6 +105,9 @@ func TestSecretsNeverInProblems(t *testing.T) {
 		{"password with a comma", "", []string{"RATCHET_KAFKA_PROPERTIES=sasl.password=ab," + planted}},
 		{"properties not a mapping", "kafka:\n  properties: [\"sasl.password=" + planted + "\"]\n", nil},
 		{"property value not scalar", "kafka:\n  properties: {sasl.password: [" + planted + "]}\n", nil},
+		{"registry url with password", "", []string{"RATCHET_SCHEMA_REGISTRY_URL=ftp://u:" + planted + "@registry/x"}},
+		{"registry password without url", "", []string{"RATCHET_SCHEMA_REGISTRY_PASSWORD=" + planted}},
+		{"registry password not scalar", "schema_registry:\n  password: [" + planted + "]\n", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -27,7 +27,7 @@ var keys = []key{
 	{"kafka.brokers", "bootstrap servers, host:port", func(c *Config) any { return &c.Kafka.Brokers }},
 	{"kafka.group_id", "consumer group", func(c *Config) any { return &c.Kafka.GroupID }},
 	{"kafka.topics", "input topics", func(c *Config) any { return &c.Kafka.Topics }},
-	{"kafka.format", "value format of the input: protobuf or json", func(c *Config) any { return &c.Kafka.Format }},
+	{"kafka.format", "value format of the input: protobuf or json (ratchet.v1.Event), or raw (undecoded bytes, for a custom processor; the dashboard refuses it)", func(c *Config) any { return &c.Kafka.Format }},
 	{"kafka.topic_formats", "per-topic format override, topic=format", func(c *Config) any { return &c.Kafka.TopicFormats }},
 	{"kafka.dlq_topic", "dead-letter topic; empty means `<topic>.dlq`", func(c *Config) any { return &c.Kafka.DLQTopicName }},
 	{"kafka.instance_id", "static membership (group.instance.id), e.g. the pod name", func(c *Config) any { return &c.Kafka.InstanceID }},
@@ -51,6 +51,9 @@ var keys = []key{
 	{"shutdown.timeout", "drain limit on stop", func(c *Config) any { return &c.Shutdown.Timeout }},
 	{"log.level", "debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
 	{"log.format", "json or text", func(c *Config) any { return &c.Log.Format }},
+	{"schema_registry.url", "Confluent Schema Registry, http(s)://host:port; when set, protobuf and json values are in its wire format (magic byte, schema id) and schema ids are looked up there; empty: off", func(c *Config) any { return &c.SchemaRegistry.URL }},
+	{"schema_registry.username", "basic-auth user of the registry (e.g. an API key); never printed", func(c *Config) any { return &c.SchemaRegistry.Username }},
+	{"schema_registry.password", "basic-auth password of the registry (e.g. an API secret); never printed", func(c *Config) any { return &c.SchemaRegistry.Password }},
 }
 
 // env returns the environment variable of k: RATCHET_ and the key in upper

@@ -119,6 +119,7 @@ func (c Config) Validate() error {
 	v := &validator{}
 	c.validateKafka(v)
 	c.validatePostgres(v)
+	c.validateSchemaRegistry(v)
 
 	p := c.Processing
 	v.intRange("processing.batch_size", p.BatchSize, 1, 100000)
@@ -206,12 +207,12 @@ func (c Config) validateKafka(v *validator) {
 		}
 	}
 
-	v.oneOf("kafka.format", k.Format, FormatProtobuf, FormatJSON)
+	v.oneOf("kafka.format", k.Format, FormatProtobuf, FormatJSON, FormatRaw)
 	for _, t := range sortedKeys(k.TopicFormats) {
 		if !seen[t] {
 			v.bad("kafka.topic_formats", t, "topics listed in kafka.topics ("+strings.Join(k.Topics, ", ")+")")
 		}
-		v.oneOf("kafka.topic_formats."+t, k.TopicFormats[t], FormatProtobuf, FormatJSON)
+		v.oneOf("kafka.topic_formats."+t, k.TopicFormats[t], FormatProtobuf, FormatJSON, FormatRaw)
 	}
 	if d := k.DLQTopicName; d != "" {
 		switch {
@@ -262,6 +263,30 @@ func (c Config) validatePostgres(v *validator) {
 		}
 	}
 	v.intMin("postgres.max_conns", c.Postgres.MaxConns, 0)
+}
+
+func (c Config) validateSchemaRegistry(v *validator) {
+	r := c.SchemaRegistry
+	if r.URL == "" {
+		if r.Username != "" {
+			v.bad("schema_registry.username", r.Username.String(), "empty unless schema_registry.url is set")
+		}
+		if r.Password != "" {
+			v.bad("schema_registry.password", r.Password.String(), "empty unless schema_registry.url is set")
+		}
+		return
+	}
+	const allowed = "an http:// or https:// URL with a host, e.g. http://registry:8081, or empty"
+	u, err := url.Parse(r.URL.Reveal())
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Opaque != "" || u.Host == "":
+		v.bad("schema_registry.url", r.URL.String(), allowed)
+	case u.Port() != "" && !validPort(u.Port()):
+		v.bad("schema_registry.url", r.URL.String(), "a port of 1..65535")
+	}
+	if r.Password != "" && r.Username == "" {
+		v.bad("schema_registry.username", "", "the user the password belongs to (set with schema_registry.password)")
+	}
 }
 
 // validator collects problems.

@@ -15,9 +15,19 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		want string   // the whole line, or a part of it
 	}{
 		{"format from env", "", []string{"RATCHET_KAFKA_FORMAT=xml"},
-			`kafka.format (RATCHET_KAFKA_FORMAT): "xml" is not allowed (allowed: protobuf, json)`},
+			`kafka.format (RATCHET_KAFKA_FORMAT): "xml" is not allowed (allowed: protobuf, json, raw)`},
 		{"format from file", "kafka:\n  format: xml\n", nil,
-			`kafka.format: "xml" is not allowed (allowed: protobuf, json)`},
+			`kafka.format: "xml" is not allowed (allowed: protobuf, json, raw)`},
+		{"registry not http", "", []string{"RATCHET_SCHEMA_REGISTRY_URL=registry:8081"},
+			`schema_registry.url (RATCHET_SCHEMA_REGISTRY_URL): "registry:8081" is not allowed (allowed: an http:// or https:// URL with a host`},
+		{"registry bad port", "schema_registry:\n  url: http://registry:0\n", nil,
+			`schema_registry.url: "http://registry:0" is not allowed (allowed: a port of 1..65535)`},
+		{"registry user without url", "", []string{"RATCHET_SCHEMA_REGISTRY_USERNAME=key"},
+			`schema_registry.username (RATCHET_SCHEMA_REGISTRY_USERNAME): "REDACTED" is not allowed (allowed: empty unless schema_registry.url is set)`},
+		{"registry password without user", "", []string{"RATCHET_SCHEMA_REGISTRY_URL=http://r:8081", "RATCHET_SCHEMA_REGISTRY_PASSWORD=x"},
+			`schema_registry.username: "" is not allowed (allowed: the user the password belongs to`},
+		{"registry unknown key", "", []string{"RATCHET_SCHEMA_REGISTRY_USER=key"},
+			`RATCHET_SCHEMA_REGISTRY_USER: unknown variable`},
 		{"negative batch size", "", []string{"RATCHET_PROCESSING_BATCH_SIZE=-1"},
 			`processing.batch_size (RATCHET_PROCESSING_BATCH_SIZE): "-1" is not allowed (allowed: 1..100000)`},
 		{"huge batch size", "processing:\n  batch_size: 100001\n  max_buffered_per_partition: 200000\n", nil,
@@ -63,7 +73,7 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"topic format of unknown topic", "", []string{"RATCHET_KAFKA_TOPIC_FORMATS=clicks=json"},
 			`kafka.topic_formats (RATCHET_KAFKA_TOPIC_FORMATS): "clicks" is not allowed (allowed: topics listed in kafka.topics (events))`},
 		{"topic format value", "kafka:\n  topic_formats: {events: avro}\n", nil,
-			`kafka.topic_formats.events: "avro" is not allowed (allowed: protobuf, json)`},
+			`kafka.topic_formats.events: "avro" is not allowed (allowed: protobuf, json, raw)`},
 		{"malformed map", "", []string{"RATCHET_KAFKA_TOPIC_FORMATS=events"},
 			`kafka.topic_formats (RATCHET_KAFKA_TOPIC_FORMATS): "events" is not allowed (allowed: comma-separated name=value pairs`},
 		{"auto offset reset", "", []string{"RATCHET_KAFKA_AUTO_OFFSET_RESET=smallest"},
@@ -123,7 +133,7 @@ func TestEveryProblemAtOnce(t *testing.T) {
 		"kafka.brokerz: unknown key (did you mean kafka.brokers?)",
 		`commit.interval (RATCHET_COMMIT_INTERVAL): "soon" is not allowed (allowed: a duration such as 250ms, 5s or 1m)`,
 		"RATCHET_LOG_LEVL: unknown variable (did you mean RATCHET_LOG_LEVEL?)",
-		`kafka.format (RATCHET_KAFKA_FORMAT): "xml" is not allowed (allowed: protobuf, json)`,
+		`kafka.format (RATCHET_KAFKA_FORMAT): "xml" is not allowed (allowed: protobuf, json, raw)`,
 		`postgres.url (RATCHET_POSTGRES_URL): "REDACTED" is not allowed (allowed: a postgres:// or postgresql:// URL with a host, e.g. postgres://user@db:5432/ratchet)`,
 		`processing.batch_size (RATCHET_PROCESSING_BATCH_SIZE): "0" is not allowed (allowed: 1..100000)`,
 		`commit.mode: "twice" is not allowed (allowed: exactly-once, at-least-once)`,
@@ -149,7 +159,7 @@ func TestErrorIsJoinOfProblems(t *testing.T) {
 		t.Error("IsConfigError is true for other errors")
 	}
 	var p Problem
-	if !errors.As(err, &p) || p.Key != "kafka.format" || p.Value != "xml" || p.Allowed != "protobuf, json" {
+	if !errors.As(err, &p) || p.Key != "kafka.format" || p.Value != "xml" || p.Allowed != "protobuf, json, raw" {
 		t.Errorf("errors.As(Problem) = %+v", p)
 	}
 	var ce *Error

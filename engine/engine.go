@@ -47,6 +47,11 @@ type Options struct {
 	// Owner names this instance in the offset store; empty means
 	// kafka.instance_id, else hostname:pid.
 	Owner string
+	// Decoder, when set, decodes every record value in place of
+	// kafka.format and schema registry framing (for processors of your own
+	// message types): it gets the raw value and sets Record.Decoded. A value
+	// it refuses goes to the dead-letter topic with its error as the reason.
+	Decoder processor.Decoder
 }
 
 // Run runs the engine until ctx is done and returns nil after a clean stop.
@@ -71,6 +76,8 @@ type engine struct {
 	log  *slog.Logger
 	reg  *prometheus.Registry
 	m    *metrics.Metrics
+	// decoders returns a new partition's value decoder (see newDecoders).
+	decoders func(topic string) actors.ValueDecoder
 }
 
 func newEngine(cfg config.Config, opts Options) (*engine, error) {
@@ -79,6 +86,9 @@ func newEngine(cfg config.Config, opts Options) (*engine, error) {
 	}
 	if opts.Processor == nil {
 		opts.Processor = dashboard.New()
+	}
+	if err := checkFormats(cfg, opts); err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -97,7 +107,11 @@ func newEngine(cfg config.Config, opts Options) (*engine, error) {
 	} else {
 		m = metrics.New(reg)
 	}
-	return &engine{cfg: cfg, opts: opts, log: opts.Logger, reg: reg, m: m}, nil
+	decoders, err := newDecoders(cfg, opts, m)
+	if err != nil {
+		return nil, err
+	}
+	return &engine{cfg: cfg, opts: opts, log: opts.Logger, reg: reg, m: m, decoders: decoders}, nil
 }
 
 func (e *engine) run(ctx context.Context) error {
@@ -114,7 +128,8 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	exactlyOnce := cfg.Commit.Mode == config.ModeExactlyOnce
 	e.log.Info("engine starting", "owner", e.opts.Owner, "group", cfg.Kafka.GroupID,
-		"topics", cfg.Kafka.Topics, "mode", cfg.Commit.Mode, "processor", e.opts.Processor.Name())
+		"topics", cfg.Kafka.Topics, "mode", cfg.Commit.Mode, "processor", e.opts.Processor.Name(),
+		"schema_registry", cfg.SchemaRegistry.URL)
 
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(minLevel{h: e.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
@@ -211,6 +226,7 @@ func (e *engine) run(ctx context.Context) error {
 			return store.MoveOffset(ctx, pool, c, next)
 		},
 		Format:          cfg.FormatFor,
+		NewDecoder:      e.decoders,
 		AutoOffsetReset: cfg.Kafka.AutoOffsetReset,
 		BatchSize:       cfg.Processing.BatchSize,
 		Linger:          cfg.Processing.BatchLinger,

@@ -26,6 +26,15 @@
 //     COMMIT, in the same round trip, and hold those rows' locks shortest.
 //   - Process runs on the partition's own goroutine; batches of one partition
 //     never overlap, batches of different partitions run concurrently.
+//   - Each Record carries the Kafka record's metadata (key, headers,
+//     timestamp and its type) besides the decoded event. Its byte slices
+//     share memory with the record the consumer returned, nothing is copied
+//     on the way: Process may keep them but must never modify them, since a
+//     retried batch is given the same records.
+//   - What a record's value decodes into depends on its topic's format:
+//     Record.Event for protobuf and json (also in the schema registry's wire
+//     format), nothing for raw (read Record.Value), Record.Decoded for a
+//     custom Decoder (engine.Options.Decoder).
 package processor
 
 import (
@@ -38,16 +47,103 @@ import (
 	ratchetv1 "ratchet/messages/ratchet/v1"
 )
 
-// Record is one decoded Kafka record.
+// Record is one Kafka record of a batch: its metadata, its raw value and
+// what the topic's format decoded the value into.
+//
+// Key, Value and the headers' values share memory with the record as the
+// Kafka client returned it: ratchet copies none of them on the way to the
+// processor. A processor may keep them after Process returns (nothing
+// reuses them), but must not modify them: a failed batch is retried with
+// the same records.
 type Record struct {
 	Topic     string
 	Partition int32
 	Offset    int64
-	Key       []byte
-	Value     []byte    // the raw record value, as read from Kafka
-	Timestamp time.Time // the Kafka record timestamp (producer create time)
-	Event     *ratchetv1.Event
+	Key       []byte   // nil when the record has no key
+	Value     []byte   // the raw record value, as read from Kafka
+	Headers   []Header // in the order the producer wrote them; nil when none
+	// Timestamp is the Kafka record timestamp; TimestampType says whose
+	// clock it is (the producer's, or the broker's on append). It is the
+	// zero time when the record has none.
+	Timestamp     time.Time
+	TimestampType TimestampType
+	// Event is the decoded ratchet.v1.Event for the formats protobuf and
+	// json; nil for raw and for a custom Decoder that does not set it.
+	Event *ratchetv1.Event
+	// Decoded is what a custom Decoder made of the value (its own message
+	// type); nil otherwise.
+	Decoded any
 }
+
+// Header is one Kafka record header. Value shares memory with the record
+// (see Record).
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Header returns the value of the last header called key, and whether
+// there is one. Kafka allows a key more than once; the last one wins, as
+// in most clients' lookups.
+func (r *Record) Header(key string) ([]byte, bool) {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if r.Headers[i].Key == key {
+			return r.Headers[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// TimestampType says what a record's Timestamp means (the topic's
+// message.timestamp.type).
+type TimestampType int8
+
+// Timestamp types.
+const (
+	// TimestampNone means the record carries no timestamp.
+	TimestampNone TimestampType = iota
+	// TimestampCreateTime is the producer's time when it created the record.
+	TimestampCreateTime
+	// TimestampLogAppendTime is the broker's time when it appended the record.
+	TimestampLogAppendTime
+)
+
+// String returns "none", "create-time" or "log-append-time".
+func (t TimestampType) String() string {
+	switch t {
+	case TimestampCreateTime:
+		return "create-time"
+	case TimestampLogAppendTime:
+		return "log-append-time"
+	default:
+		return "none"
+	}
+}
+
+// Decoder turns a record's value into what a processor applies, in place of
+// the format of the topic (engine.Options.Decoder). Decode reads rec (Value,
+// Key, Headers, ...) and sets rec.Decoded, and rec.Event if it makes one;
+// it must not modify the byte slices. An error means the record can never
+// be applied: it goes to the dead-letter topic with the error's text as the
+// reason, like a record the built-in formats refuse. Decode is called on
+// the partition's goroutine, one record at a time; implementations must be
+// safe for concurrent use by several partitions.
+type Decoder interface {
+	Decode(rec *Record) error
+}
+
+// EventReader is implemented by a processor that reads only Record.Event,
+// such as the built-in dashboard. ratchet refuses to start it on a topic
+// whose format decodes no event (raw) unless a custom Decoder is set.
+type EventReader interface {
+	ReadsEvents() bool
+}
+
+// DecoderFunc adapts a function to a Decoder.
+type DecoderFunc func(rec *Record) error
+
+// Decode calls f(rec).
+func (f DecoderFunc) Decode(rec *Record) error { return f(rec) }
 
 // Batch is a contiguous run of one partition's log. Start is the partition's
 // stored position before the batch (the first offset not yet applied) and

@@ -1,6 +1,9 @@
 // Command label-counter is a runnable custom processor: it counts events per
 // (metric, region label) in its own table, with ratchet's guarantees (in
 // exactly-once mode the counts and the offsets commit in one transaction).
+// It also reads the Kafka record around each event: an event without a
+// region label takes the record's "region" header, and each row keeps the
+// latest Kafka timestamp it counted.
 //
 //	go run ./examples/label-counter            # uses RATCHET_* variables
 //	RATCHET_KAFKA_BROKERS=127.0.0.1:9092 go run ./examples/label-counter
@@ -14,6 +17,7 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -30,8 +34,24 @@ func (labelCounter) Name() string { return "label-counter" }
 func (labelCounter) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
 	type key struct{ metric, region string }
 	counts := map[key]int64{}
-	for _, r := range b.Records {
-		counts[key{r.Event.Metric, r.Event.Labels["region"]}]++
+	latest := map[key]time.Time{}
+	for i := range b.Records {
+		r := &b.Records[i]
+		region := r.Event.Labels["region"]
+		if region == "" {
+			// Headers share memory with the consumed record: converting
+			// to a string copies only what is kept.
+			if h, ok := r.Header("region"); ok {
+				region = string(h)
+			}
+		}
+		k := key{r.Event.Metric, region}
+		counts[k]++
+		// Timestamp is the producer's clock (CreateTime) or the broker's
+		// (LogAppendTime), as the topic is configured; none is the zero time.
+		if r.TimestampType != processor.TimestampNone && r.Timestamp.After(latest[k]) {
+			latest[k] = r.Timestamp
+		}
 	}
 	keys := make([]key, 0, len(counts))
 	for k := range counts {
@@ -42,9 +62,14 @@ func (labelCounter) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 		return keys[i].metric < keys[j].metric || keys[i].metric == keys[j].metric && keys[i].region < keys[j].region
 	})
 	for _, k := range keys {
-		if _, err := tx.Exec(ctx, `INSERT INTO label_counts (metric, region, count) VALUES ($1, $2, $3)
-			ON CONFLICT (metric, region) DO UPDATE SET count = label_counts.count + EXCLUDED.count`,
-			k.metric, k.region, counts[k]); err != nil {
+		var seen *time.Time
+		if t, ok := latest[k]; ok {
+			seen = &t
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO label_counts (metric, region, count, last_record_at) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (metric, region) DO UPDATE SET count = label_counts.count + EXCLUDED.count,
+				last_record_at = GREATEST(label_counts.last_record_at, EXCLUDED.last_record_at)`,
+			k.metric, k.region, counts[k], seen); err != nil {
 			return err
 		}
 	}
@@ -67,7 +92,8 @@ func main() {
 		os.Exit(1)
 	}
 	_, err = conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS label_counts (
-		metric text, region text, count bigint NOT NULL, PRIMARY KEY (metric, region))`)
+		metric text, region text, count bigint NOT NULL, last_record_at timestamptz,
+		PRIMARY KEY (metric, region))`)
 	conn.Close(ctx)
 	if err != nil {
 		log.Error("create label_counts", "err", err)

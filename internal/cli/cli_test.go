@@ -28,6 +28,9 @@ func TestBadConfigurationExitsTwoNamingTheKey(t *testing.T) {
 		{"max attempts", []string{"RATCHET_RETRY_MAX_ATTEMPTS=0"}, "retry.max_attempts"},
 		{"http addr", []string{"RATCHET_HTTP_ADDR=:99999"}, "http.addr"},
 		{"unknown variable", []string{"RATCHET_COMMIT_INTERVALL=1s"}, "RATCHET_COMMIT_INTERVALL"},
+		{"dashboard on raw", []string{"RATCHET_KAFKA_FORMAT=raw"}, `kafka.format: "raw" is not allowed (allowed: protobuf or json: the dashboard processor reads ratchet.v1.Event`},
+		{"dashboard on a raw topic", []string{"RATCHET_KAFKA_TOPICS=a,b", "RATCHET_KAFKA_TOPIC_FORMATS=b=raw"}, `kafka.topic_formats.b: "raw" is not allowed`},
+		{"registry url", []string{"RATCHET_SCHEMA_REGISTRY_URL=registry:8081"}, "schema_registry.url (RATCHET_SCHEMA_REGISTRY_URL)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

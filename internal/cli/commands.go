@@ -19,6 +19,7 @@ import (
 	"ratchet/internal/devbroker"
 	"ratchet/internal/kafkaclient"
 	"ratchet/internal/produce"
+	"ratchet/internal/schemareg"
 	"ratchet/internal/store"
 )
 
@@ -30,6 +31,9 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 	}
 	cfg, err := loadConfig(e, *path)
 	if err != nil {
+		return err
+	}
+	if err := engine.Check(cfg, engine.Options{}); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, cfg, false)
@@ -55,6 +59,9 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 	}
 	if *partitions < 1 {
 		return usagef("dev: -partitions must be at least 1")
+	}
+	if err := engine.Check(cfg, engine.Options{}); err != nil {
+		return err
 	}
 	log := newLogger(e.stderr, cfg, true)
 	topics := make([]string, 0, 2*len(cfg.Kafka.Topics))
@@ -126,12 +133,27 @@ func produceCmd(ctx context.Context, e *env, args []string) error {
 	format := fs.String("format", "", "protobuf or json (default: the topic's format)")
 	seed := fs.Int64("seed", 0, "generator seed (0: time based)")
 	spread := fs.Duration("spread", 0, "spread event times uniformly over this past window")
+	registry := fs.String("schema-registry", "", "register the event schema in this Confluent Schema Registry and write framed records (default: schema_registry.url)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	cfg, err := loadConfig(e, *path)
 	if err != nil {
 		return err
+	}
+	if *registry != "" {
+		cfg.SchemaRegistry.URL = config.SecretURL(*registry)
+		if err := cfg.Validate(); err != nil {
+			var ce *config.Error
+			if errors.As(err, &ce) {
+				for _, p := range ce.Problems {
+					if p.Key == "schema_registry.url" {
+						return usagef("produce: -schema-registry %q is not allowed (allowed: %s)", p.Value, p.Allowed)
+					}
+				}
+			}
+			return err
+		}
 	}
 	o := produce.Options{Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.Topics[0], Rate: *rate, Count: *count,
 		PoisonFraction: *poison, Seed: *seed, TimeSpread: *spread, Properties: cfg.Kafka.Properties}
@@ -159,6 +181,14 @@ func produceCmd(ctx context.Context, e *env, args []string) error {
 		o.Seed = time.Now().UnixNano()
 	}
 	log := newLogger(e.stderr, cfg, false)
+	if cfg.SchemaRegistry.URL != "" {
+		frame, id, err := schemareg.RegisterEvent(cfg.SchemaRegistry, o.Topic, o.Format)
+		if err != nil {
+			return err
+		}
+		o.Frame = frame
+		log.Info("event schema registered", "registry", cfg.SchemaRegistry.URL, "subject", o.Topic+"-value", "schema_id", id)
+	}
 	st, err := produce.Run(ctx, o, log)
 	fmt.Fprintf(e.stdout, "produced %d events (%d poison, %d failed) to %s\n", st.Produced, st.Poison, st.Failed, o.Topic)
 	if errors.Is(err, context.Canceled) {

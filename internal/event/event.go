@@ -2,8 +2,10 @@
 //
 // A record value is either the protobuf binary encoding of
 // ratchet.v1.Event (FormatProtobuf, the default) or its canonical JSON form
-// (FormatJSON), chosen per topic in the configuration. Decode parses the
-// value and then applies the rules of the event contract with Validate, so
+// (FormatJSON), chosen per topic in the configuration; FormatRaw decodes
+// nothing. ParseFrame reads the Confluent Schema Registry wire format
+// around such a value (internal/schemareg looks its schema id up). Decode
+// parses the value and then applies the rules of the event contract with Validate, so
 // a returned event is always one a processor may apply.
 //
 // Every error Decode returns for a record is an *Error: the record is
@@ -26,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ratchetv1 "ratchet/messages/ratchet/v1"
+	"ratchet/processor"
 )
 
 // Record value formats, as spelled in the kafka.format configuration key.
@@ -34,6 +37,10 @@ const (
 	FormatProtobuf = "protobuf"
 	// FormatJSON is the canonical JSON form of ratchet.v1.Event (protojson).
 	FormatJSON = "json"
+	// FormatRaw is any bytes: nothing is decoded, the processor gets the
+	// value as it is (processor.Record.Value). Decode refuses it; a
+	// Decoder for it decodes nothing.
+	FormatRaw = "raw"
 )
 
 // ErrUnknownFormat is returned (wrapped) by Decode and Encode for a format
@@ -87,6 +94,21 @@ const slabSize = 64
 // NewDecoder returns a Decoder for format (empty means FormatProtobuf).
 func NewDecoder(format string) *Decoder {
 	return &Decoder{format: format}
+}
+
+// DecodeRecord decodes rec.Value like Decode and sets rec.Event; with
+// FormatRaw it leaves rec as it is. It implements the partition's value
+// decoder.
+func (d *Decoder) DecodeRecord(rec *processor.Record) error {
+	if d.format == FormatRaw {
+		return nil
+	}
+	ev, err := d.Decode(rec.Value)
+	if err != nil {
+		return err
+	}
+	rec.Event = ev
+	return nil
 }
 
 // Decode is the package-level Decode with d's format.

@@ -41,6 +41,15 @@ type Metrics struct {
 	// in exactly-once mode).
 	CommitsAbandoned   *prometheus.CounterVec // topic
 	UncommittedRecords *prometheus.CounterVec // topic
+	// DecodedRecords counts record values by how they were decoded.
+	DecodedRecords *prometheus.CounterVec // topic, format, result
+	// RegistryLookups counts schema registry requests answered (found or
+	// not_found); RegistryCacheHits the schema ids answered from a cache;
+	// RegistryErrors requests that got no usable answer (the registry is
+	// unreachable, failing or refusing us).
+	RegistryLookups   *prometheus.CounterVec // result
+	RegistryCacheHits prometheus.Counter
+	RegistryErrors    *prometheus.CounterVec // reason
 }
 
 // New registers the series on reg.
@@ -96,6 +105,18 @@ func New(reg prometheus.Registerer) *Metrics {
 		OffsetResets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_offset_resets_total", Help: "Positions past the end of a partition (topic recreated) reset to its start."},
 			[]string{"topic"}),
+		DecodedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_decoded_records_total",
+			Help: "Record values decoded, by format (protobuf, json, raw, custom; +registry when schema registry framed) and result (ok, poison)."},
+			[]string{"topic", "format", "result"}),
+		RegistryLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_schema_registry_lookups_total", Help: "Schema ids looked up in the schema registry, by answer (found, not_found)."},
+			[]string{"result"}),
+		RegistryCacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratchet_schema_registry_cache_hits_total", Help: "Schema ids answered from the cache, without a registry request."}),
+		RegistryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_schema_registry_errors_total", Help: "Schema registry requests without a usable answer, by reason (unreachable, server_error, refused)."},
+			[]string{"reason"}),
 		CommitsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_commits_abandoned_total",
 			Help: "Partitions whose applied offsets were left uncommitted in Kafka at a stop or revoke deadline."},
@@ -105,6 +126,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Applied records whose offsets were left uncommitted in Kafka at a stop or revoke deadline."},
 			[]string{"topic"}),
 	}
+	reg.MustRegister(m.DecodedRecords, m.RegistryLookups, m.RegistryCacheHits, m.RegistryErrors)
 	reg.MustRegister(m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
 		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned,
 		m.Restarts, m.RewindsPrevented, m.RewindRecords, m.Fenced, m.StaleOffsets, m.DegradedSeconds, m.Reconnects)

@@ -48,6 +48,11 @@ type Options struct {
 	// TimeSpread spreads event times uniformly over [now-TimeSpread, now];
 	// 0 means now.
 	TimeSpread time.Duration
+	// Frame, when set, is written before every value: the schema registry
+	// wire format's magic byte, schema id and (protobuf) message indexes
+	// (see schemareg.RegisterEvent). Poison values are framed too, so they
+	// are refused for what they carry, not for a missing frame.
+	Frame []byte
 	// Now is the clock event times are taken from; nil means time.Now. Fix
 	// it to make event times, and so the rollup buckets, deterministic too.
 	// It does not affect the pacing of Run.
@@ -243,6 +248,9 @@ func send(ctx context.Context, p *kafka.Producer, opts Options) (int64, error) {
 		}
 		for range n {
 			key, value, _, poison := gen.Next()
+			if len(opts.Frame) > 0 {
+				value = append(opts.Frame[:len(opts.Frame):len(opts.Frame)], value...)
+			}
 			msg := &kafka.Message{
 				TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 				Key:            key,

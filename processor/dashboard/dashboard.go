@@ -40,6 +40,10 @@ type Processor struct{}
 // New returns the dashboard processor.
 func New() processor.Processor { return Processor{} }
 
+// ReadsEvents returns true: the dashboard aggregates ratchet.v1.Event and
+// cannot run on raw values (processor.EventReader).
+func (Processor) ReadsEvents() bool { return true }
+
 // Name returns "dashboard".
 func (Processor) Name() string { return Name }
 

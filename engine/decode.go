@@ -1,0 +1,130 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"ratchet/actors"
+	"ratchet/config"
+	"ratchet/internal/event"
+	"ratchet/internal/metrics"
+	"ratchet/internal/schemareg"
+	"ratchet/processor"
+	"ratchet/processor/dashboard"
+)
+
+// Check reports, as a *config.Error (exit code 2), what makes cfg unusable
+// with opts before anything connects: cfg.Validate's problems, and a topic
+// whose format decodes no event (raw) for a processor that reads only
+// events (the dashboard, the default). Run checks the same; commands call
+// Check first to refuse before they log or start anything.
+func Check(cfg config.Config, opts Options) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if opts.Processor == nil {
+		opts.Processor = dashboard.New()
+	}
+	return checkFormats(cfg, opts)
+}
+
+// checkFormats refuses, as a configuration error (exit code 2), a topic
+// whose format decodes no event when the processor reads only events.
+func checkFormats(cfg config.Config, opts Options) error {
+	if opts.Decoder != nil {
+		return nil // the custom decoder decides what the processor gets
+	}
+	er, ok := opts.Processor.(processor.EventReader)
+	if !ok || !er.ReadsEvents() {
+		return nil
+	}
+	allowed := fmt.Sprintf("protobuf or json: the %s processor reads ratchet.v1.Event (raw is for custom processors)", opts.Processor.Name())
+	var ps []config.Problem
+	if cfg.Kafka.Format == config.FormatRaw {
+		ps = append(ps, config.Problem{Key: "kafka.format", Value: config.FormatRaw, Allowed: allowed})
+	}
+	for _, t := range cfg.Kafka.Topics {
+		if f, ok := cfg.Kafka.TopicFormats[t]; ok && f == config.FormatRaw {
+			ps = append(ps, config.Problem{Key: "kafka.topic_formats." + t, Value: config.FormatRaw, Allowed: allowed})
+		}
+	}
+	if len(ps) > 0 {
+		return &config.Error{Problems: ps}
+	}
+	return nil
+}
+
+// newDecoders returns the partition decoder factory: the custom decoder of
+// opts when set; otherwise per topic raw, the event formats, or, with
+// schema_registry.url, the event formats in the registry's wire format.
+// Every decoder counts what it decodes in ratchet_decoded_records_total.
+func newDecoders(cfg config.Config, opts Options, m *metrics.Metrics) (func(topic string) actors.ValueDecoder, error) {
+	var reg *schemareg.Registry
+	if cfg.SchemaRegistry.URL != "" && opts.Decoder == nil {
+		var err error
+		if reg, err = schemareg.New(cfg.SchemaRegistry, m); err != nil {
+			return nil, err
+		}
+	}
+	return func(topic string) actors.ValueDecoder {
+		format := cfg.FormatFor(topic)
+		switch {
+		case opts.Decoder != nil:
+			return &counted{dec: custom{opts.Decoder}, counts: newCounts(m, topic, "custom")}
+		case format == config.FormatRaw:
+			return &counted{dec: event.NewDecoder(event.FormatRaw), counts: newCounts(m, topic, format)}
+		case reg != nil:
+			d := schemareg.NewDecoder(reg, format, m)
+			return &countedResolver{Decoder: d, counts: newCounts(m, topic, format+"+registry")}
+		default:
+			return &counted{dec: event.NewDecoder(format), counts: newCounts(m, topic, format)}
+		}
+	}, nil
+}
+
+// counts are one topic's and format's decode counters, looked up once.
+type counts struct{ ok, poison prometheus.Counter }
+
+func newCounts(m *metrics.Metrics, topic, format string) counts {
+	return counts{ok: m.DecodedRecords.WithLabelValues(topic, format, "ok"),
+		poison: m.DecodedRecords.WithLabelValues(topic, format, "poison")}
+}
+
+func (c counts) count(err error) error {
+	if err != nil {
+		c.poison.Inc()
+	} else {
+		c.ok.Inc()
+	}
+	return err
+}
+
+// counted counts the records of a decoder.
+type counted struct {
+	dec actors.ValueDecoder
+	counts
+}
+
+func (c *counted) DecodeRecord(rec *processor.Record) error { return c.count(c.dec.DecodeRecord(rec)) }
+
+// countedResolver counts the records of a schema registry decoder and
+// keeps it an actors.Resolver.
+type countedResolver struct {
+	*schemareg.Decoder
+	counts
+}
+
+func (c *countedResolver) DecodeRecord(rec *processor.Record) error {
+	return c.count(c.Decoder.DecodeRecord(rec))
+}
+
+// custom adapts a processor.Decoder; every error it returns is poison.
+type custom struct{ d processor.Decoder }
+
+func (c custom) DecodeRecord(rec *processor.Record) error {
+	if err := c.d.Decode(rec); err != nil {
+		return fmt.Errorf("custom decoder: %w", err)
+	}
+	return nil
+}
