@@ -1,0 +1,91 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Replay states in ratchet_replays.
+const (
+	// ReplayPending: the record is about to be produced, or was produced by
+	// a run that stopped before its delivery report was recorded.
+	ReplayPending = "pending"
+	// ReplayDone: the broker acknowledged the replayed record.
+	ReplayDone = "done"
+)
+
+// Replay is one row of ratchet_replays: a dead letter, by its place in the
+// dead-letter topic, and its replay into the source topic.
+type Replay struct {
+	DLQTopic     string
+	DLQPartition int32
+	DLQOffset    int64
+	Topic        string
+	Partition    int32
+	SourceOffset int64 // the dead letter's original offset
+	State        string
+	// SearchFrom is the source partition's end offset before the record was
+	// produced: a replayed record is at or after it.
+	SearchFrom int64
+	// ReplayedOffset is where the replayed record landed (-1 until done).
+	ReplayedOffset int64
+}
+
+// Replays returns the ratchet_replays rows of dlqTopic.
+func Replays(ctx context.Context, pool *pgxpool.Pool, dlqTopic string) ([]Replay, error) {
+	rows, err := pool.Query(ctx, `
+SELECT dlq_topic, dlq_partition, dlq_offset, topic, partition, source_offset, state, search_from, coalesce(replayed_offset, -1)
+FROM ratchet_replays WHERE dlq_topic = $1 ORDER BY dlq_partition, dlq_offset`, dlqTopic)
+	if err != nil {
+		return nil, fmt.Errorf("read replays of %s: %w", dlqTopic, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Replay, error) {
+		var x Replay
+		err := r.Scan(&x.DLQTopic, &x.DLQPartition, &x.DLQOffset, &x.Topic, &x.Partition, &x.SourceOffset,
+			&x.State, &x.SearchFrom, &x.ReplayedOffset)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read replays of %s: %w", dlqTopic, err)
+	}
+	return out, nil
+}
+
+// MarkReplaysPending records that rs are about to be produced. A row that is
+// already done is left as it is; a pending one gets the new SearchFrom.
+func MarkReplaysPending(ctx context.Context, pool *pgxpool.Pool, rs []Replay) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	for _, r := range rs {
+		b.Queue(`
+INSERT INTO ratchet_replays AS r (dlq_topic, dlq_partition, dlq_offset, topic, partition, source_offset, state, search_from, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, now())
+ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO UPDATE
+SET search_from = least(r.search_from, EXCLUDED.search_from), updated_at = now() WHERE r.state = 'pending'`,
+			r.DLQTopic, r.DLQPartition, r.DLQOffset, r.Topic, r.Partition, r.SourceOffset, r.SearchFrom)
+	}
+	if err := pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("record pending replays: %w", err)
+	}
+	return nil
+}
+
+// MarkReplayDone records that the dead letter at (dlqTopic, partition,
+// offset) was replayed to replayedOffset of its source partition.
+func MarkReplayDone(ctx context.Context, pool *pgxpool.Pool, dlqTopic string, partition int32, offset, replayedOffset int64) error {
+	tag, err := pool.Exec(ctx, `
+UPDATE ratchet_replays SET state = 'done', replayed_offset = $4, updated_at = now()
+WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3`, dlqTopic, partition, offset, replayedOffset)
+	if err != nil {
+		return fmt.Errorf("record replay of %s/%d/%d: %w", dlqTopic, partition, offset, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("record replay of %s/%d/%d: no pending row", dlqTopic, partition, offset)
+	}
+	return nil
+}
