@@ -229,6 +229,12 @@ func (p *Partition) decode(m *kafka.Message) entry {
 		Value:     m.Value,
 		Timestamp: m.Timestamp,
 	}
+	if len(m.Headers) > 0 {
+		rec.Headers = make([]processor.Header, len(m.Headers))
+		for i, h := range m.Headers {
+			rec.Headers[i] = processor.Header{Key: h.Key, Value: h.Value}
+		}
+	}
 	ev, err := p.state.dec.Decode(m.Value)
 	if err != nil {
 		return entry{rec: rec, poison: err}

@@ -39,7 +39,16 @@ type Record struct {
 	Key       []byte
 	Value     []byte    // the raw record value, as read from Kafka
 	Timestamp time.Time // the Kafka record timestamp (producer create time)
-	Event     *ratchetv1.Event
+	// Headers are the Kafka record's headers in their order; nil when it
+	// has none. The dead-letter topic keeps them.
+	Headers []Header
+	Event   *ratchetv1.Event
+}
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
 }
 
 // Batch is a contiguous run of one partition's log. Start is the partition's
