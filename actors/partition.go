@@ -372,6 +372,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			p.dropReady()
 			p.state.next = conflict.StoredNext
 			p.cfg.Progress.Next.Store(conflict.StoredNext)
+			c.Send(p.cfg.Committer, &OffsetMoved{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: conflict.StoredNext})
 			p.awaitSeek = true
 			p.cfg.Seek(c.Self(), p.cfg.TP, p.state.next)
 			if p.draining {
