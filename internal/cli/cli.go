@@ -52,7 +52,7 @@ func commands() []command {
 		{"dev", "run everything embedded: broker, demo producer, engine, page", devCmd},
 		{"broker", "run the local Kafka-protocol broker", brokerCmd},
 		{"produce", "produce demo or load events", produceCmd},
-		{"offsets", "show stored and committed offsets, lag and would-be rewinds", offsetsCmd},
+		{"offsets", "show stored and committed offsets, lag and would-be rewinds; 'offsets reset' moves them", offsetsCmd},
 		{"migrate", "apply the database schema", migrateCmd},
 		{"version", "print the version", versionCmd},
 	}

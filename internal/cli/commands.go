@@ -204,6 +204,9 @@ func kafkaVersion() string {
 }
 
 func offsetsCmd(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && args[0] == "reset" {
+		return offsetsResetCmd(ctx, e, args[1:])
+	}
 	fs := flags(e, "offsets")
 	path := fs.String("config", "", "YAML configuration file")
 	if err := parse(fs, args); err != nil {
