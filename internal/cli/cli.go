@@ -53,6 +53,7 @@ func commands() []command {
 		{"broker", "run the local Kafka-protocol broker", brokerCmd},
 		{"produce", "produce demo or load events", produceCmd},
 		{"offsets", "show stored and committed offsets, lag and would-be rewinds; 'offsets reset' moves them", offsetsCmd},
+		{"dlq", "'dlq ls' summarises dead letters, 'dlq replay' re-produces them", dlqCmd},
 		{"migrate", "apply the database schema", migrateCmd},
 		{"version", "print the version", versionCmd},
 	}
