@@ -129,7 +129,9 @@ func startEngine(tb testing.TB, cfg config.Config, p processor.Processor, owner 
 	if os.Getenv("RATCHET_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	go func() { r.done <- engine.Run(ctx, cfg, engine.Options{Processor: p, Logger: log.With("owner", owner), Owner: owner}) }()
+	go func() {
+		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: p, Logger: log.With("owner", owner), Owner: owner})
+	}()
 	tb.Cleanup(func() { r.stop(tb) })
 	return r
 }
