@@ -385,7 +385,10 @@ func (o replayOptions) selects(d *deadLetter) bool {
 
 // replayCounts is what a replay run did.
 type replayCounts struct {
-	replayed, already, filtered, unreadable, resolved int
+	replayed, already, filtered, unreadable int
+	// duplicates are dead letters of a source record that another dead
+	// letter was (or is being) replayed for.
+	duplicates int
 }
 
 func dlqReplayCmd(ctx context.Context, e *env, args []string) error {
@@ -462,6 +465,9 @@ func writeReplayCounts(w io.Writer, o replayOptions, n replayCounts) {
 		verb = "would replay"
 	}
 	fmt.Fprintf(w, "%s %d, skipped %d already replayed, filtered out %d", verb, n.replayed, n.already, n.filtered)
+	if n.duplicates > 0 {
+		fmt.Fprintf(w, ", skipped %d duplicate dead letters of a record replayed once", n.duplicates)
+	}
 	if n.unreadable > 0 {
 		fmt.Fprintf(w, ", unreadable %d", n.unreadable)
 	}
@@ -475,6 +481,13 @@ func writeReplayCounts(w io.Writer, o replayOptions, n replayCounts) {
 // waited for at a time: a run stopped half-way leaves at most this many
 // to be searched for by the next.
 var replayChunk = 500
+
+// sourceKey names a dead letter's original record.
+type sourceKey struct {
+	topic     string
+	partition int32
+	offset    int64
+}
 
 type replayKey struct {
 	partition int32
@@ -496,10 +509,15 @@ func replayTopic(ctx context.Context, w io.Writer, k *kafkaTool, p *kafka.Produc
 		return err
 	}
 	done := map[replayKey]bool{}
+	// The DLQ is at-least-once (and a reset that replays a poison record
+	// dead-letters it again): several dead letters can stand for the same
+	// source record. Each source record is replayed at most once.
+	sources := map[sourceKey]bool{}
 	var pending []store.Replay
 	for _, r := range rows {
 		if r.State == store.ReplayDone {
 			done[replayKey{r.DLQPartition, r.DLQOffset}] = true
+			sources[sourceKey{r.Topic, r.Partition, r.SourceOffset}] = true
 		} else {
 			pending = append(pending, r)
 		}
@@ -511,6 +529,7 @@ func replayTopic(ctx context.Context, w io.Writer, k *kafkaTool, p *kafka.Produc
 		}
 		for _, r := range found {
 			done[replayKey{r.DLQPartition, r.DLQOffset}] = true
+			sources[sourceKey{r.Topic, r.Partition, r.SourceOffset}] = true
 			fmt.Fprintf(w, "found %s/%d/%d already replayed to %s[%d] at %d by an interrupted run\n",
 				r.DLQTopic, r.DLQPartition, r.DLQOffset, r.Topic, r.Partition, r.ReplayedOffset)
 		}
@@ -525,10 +544,13 @@ func replayTopic(ctx context.Context, w io.Writer, k *kafkaTool, p *kafka.Produc
 			n.filtered++
 		case done[replayKey{d.DLQPartition, d.DLQOffset}]:
 			n.already++
+		case sources[sourceKey{d.Topic, d.Partition, d.Offset}]:
+			n.duplicates++
 		case !slices.Contains(all[d.Topic], d.Partition):
 			n.unreadable++
 			fmt.Fprintf(w, "cannot replay %s: source %s[%d] does not exist\n", d.where(), d.Topic, d.Partition)
 		default:
+			sources[sourceKey{d.Topic, d.Partition, d.Offset}] = true
 			todo = append(todo, d)
 		}
 	}

@@ -343,6 +343,14 @@ func target(o resetOptions, r resetRow, current int64, autoReset string) (int64,
 	return current, ""
 }
 
+// plural returns "1 thing" or "n things".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
+
 func dash(v int64) string {
 	if v < 0 {
 		return "-"
@@ -366,7 +374,7 @@ func writeResetPlan(w io.Writer, plan resetPlan) {
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\ndry run: nothing changed (group %s, mode %s). Add --execute to apply this plan.\n", plan.group, plan.mode)
 	if plan.mode == config.ModeAtLeastOnce && plan.members > 0 {
-		fmt.Fprintf(w, "note: the group has %d active members; --execute refuses until they have stopped.\n", plan.members)
+		fmt.Fprintf(w, "note: the group has %s; --execute refuses until they have stopped.\n", plural(plan.members, "active member"))
 	}
 }
 
@@ -423,7 +431,7 @@ func executeReset(ctx context.Context, w io.Writer, cfg config.Config, k *kafkaT
 	case err != nil:
 		return fmt.Errorf("the store was reset, but Kafka's committed offsets were not updated: %w", err)
 	case members > 0:
-		fmt.Fprintf(w, "the group has %d active members: each owner resumes from its new position at its next batch and commits it to Kafka.\n", members)
+		fmt.Fprintf(w, "the group has %s: each owner resumes from its new position at its next batch (an idle partition: when its next record arrives) and commits it to Kafka.\n", plural(members, "active member"))
 	case len(moved) > 0:
 		if err := k.commitOffsets(ctx, plan.group, moved); err != nil {
 			return fmt.Errorf("the store was reset (it is what the engine starts from), but Kafka's committed offsets were not updated: %w", err)
@@ -445,8 +453,8 @@ func executeResetKafka(ctx context.Context, w io.Writer, k *kafkaTool, plan rese
 		return err
 	}
 	if members > 0 {
-		return fmt.Errorf("offsets reset: group %s has %d active members (state %s); in at-least-once mode Kafka's committed offsets are the position, and a running member would overwrite them: stop every instance, then run again",
-			plan.group, members, state)
+		return fmt.Errorf("offsets reset: group %s has %s (state %s); in at-least-once mode Kafka's committed offsets are the position, and a running member would overwrite them: stop every instance, then run again",
+			plan.group, plural(members, "active member"), state)
 	}
 	offsets := make([]kafka.TopicPartition, len(plan.rows))
 	for i, r := range plan.rows {
