@@ -466,7 +466,7 @@ func writeReplayCounts(w io.Writer, o replayOptions, n replayCounts) {
 	}
 	fmt.Fprintf(w, "%s %d, skipped %d already replayed, filtered out %d", verb, n.replayed, n.already, n.filtered)
 	if n.duplicates > 0 {
-		fmt.Fprintf(w, ", skipped %d duplicate dead letters of a record replayed once", n.duplicates)
+		fmt.Fprintf(w, ", skipped %s of a record replayed once", plural(n.duplicates, "duplicate dead letter"))
 	}
 	if n.unreadable > 0 {
 		fmt.Fprintf(w, ", unreadable %d", n.unreadable)
