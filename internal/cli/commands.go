@@ -209,6 +209,11 @@ func offsetsCmd(ctx context.Context, e *env, args []string) error {
 	}
 	fs := flags(e, "offsets")
 	path := fs.String("config", "", "YAML configuration file")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: ratchet offsets [--config FILE]")
+		fmt.Fprintln(fs.Output(), "       ratchet offsets reset ... (see ratchet offsets reset -h)")
+		fs.PrintDefaults()
+	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -277,6 +282,11 @@ func collectOffsets(ctx context.Context, cfg config.Config) ([]offsetRow, error)
 		}
 		sort.Slice(parts, func(i, j int) bool { return parts[i].Partition < parts[j].Partition })
 		committed, err := c.Committed(parts, timeoutMs)
+		var ke kafka.Error
+		if errors.As(err, &ke) && ke.Code() == kafka.ErrGroupIDNotFound {
+			// A group that never committed: kfake says so, Kafka answers -1.
+			committed, err = nil, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("committed offsets of %s: %w", topic, err)
 		}

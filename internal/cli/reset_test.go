@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -329,14 +330,33 @@ func TestResetRacingAClaimReportsTheRow(t *testing.T) {
 func TestResetDryRunAndBadTargets(t *testing.T) {
 	cluster, addr := testenv.Kafka(t, 2, opsTopic)
 	o := newOpsEnv(t, addr, config.ModeExactlyOnce)
-	o.extra = []string{"RATCHET_KAFKA_TOPICS=" + opsTopic + ",missing"}
 	cfg := o.config(t)
 	kp := newKafkaProducer(t, addr)
 	if _, err := kp.send(0, 10, positive, nil, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
+	t1 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	t2 := t1.Add(time.Hour)
+	for _, ts := range []time.Time{t1, t2} {
+		if _, err := kp.send(1, 5, positive, nil, ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A group that never committed: ratchet offsets shows it all the same.
+	if out := o.mustRun(t, "offsets"); !strings.Contains(out, "would-be rewind") {
+		t.Errorf("ratchet offsets:\n%s", out)
+	}
+	o.extra = []string{"RATCHET_KAFKA_TOPICS=" + opsTopic + ",missing"}
 	if _, err := store.ClaimPartition(context.Background(), o.pool, cfg.Kafka.GroupID, opsTopic, 0, "a", 10); err != nil {
 		t.Fatal(err)
+	}
+	out := o.mustRun(t, "offsets", "reset", "--to-datetime", t2.Add(-time.Minute).Format(time.RFC3339), "--partitions", "1", "--topic", opsTopic)
+	if rows := planRows(out); rows[1] != 5 || len(rows) != 1 {
+		t.Errorf("--to-datetime between the two halves of partition 1: plan %v, want 1 -> 5\n%s", rows, out)
+	}
+	out = o.mustRun(t, "offsets", "reset", "--to-datetime", time.Now().Add(time.Hour).Format(time.RFC3339), "--topic", opsTopic)
+	if rows := planRows(out); rows[0] != 10 || rows[1] != 10 || !strings.Contains(out, "no record at or after that time") {
+		t.Errorf("--to-datetime after every record: plan %v, want the ends, said so\n%s", rows, out)
 	}
 	for _, tc := range []struct {
 		name string
@@ -354,9 +374,9 @@ func TestResetDryRunAndBadTargets(t *testing.T) {
 			}
 		})
 	}
-	out := o.mustRun(t, "offsets", "reset", "--to-offset", "25", "--topic", opsTopic)
+	out = o.mustRun(t, "offsets", "reset", "--to-offset", "25", "--topic", opsTopic)
 	t.Logf("plan:\n%s", out)
-	for _, want := range []string{"dry run", "clamped to 10", "+0"} {
+	for _, want := range []string{"dry run", "clamped to 10", "+0", "clamped to 10"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("plan does not say %q:\n%s", want, out)
 		}
@@ -371,6 +391,23 @@ func TestResetDryRunAndBadTargets(t *testing.T) {
 	if got := committedOffset(cluster, cfg.Kafka.GroupID, 0); got != -1 {
 		t.Errorf("a dry run committed %d", got)
 	}
+}
+
+// planRows parses a dry run's plan: partition → new position.
+func planRows(out string) map[int32]int64 {
+	rows := map[int32]int64{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[0] != opsTopic {
+			continue
+		}
+		p, err1 := strconv.Atoi(f[1])
+		to, err2 := strconv.ParseInt(f[3], 10, 64)
+		if err1 == nil && err2 == nil {
+			rows[int32(p)] = to
+		}
+	}
+	return rows
 }
 
 // TestResetAtLeastOnceRefusesWhileMembersRun: in at-least-once mode the
