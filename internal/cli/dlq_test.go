@@ -3,7 +3,9 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -95,7 +97,7 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := o.config(t)
-	startEngine(t, cfg, newLedger("a"), "a")
+	eng := startEngine(t, cfg, newLedger("a"), "a")
 
 	const n, bad = 100, 10
 	ts := time.Date(2026, 12, 1, 8, 0, 0, 123_000_000, time.UTC)
@@ -120,6 +122,34 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return dlqCount() == bad }, "%d dead letters (have %d)", bad, dlqCount())
 	if got := o.count(t, `SELECT count(*) FROM test_ledger`); got != n-bad {
 		t.Fatalf("%d records applied before the fix, want %d", got, n-bad)
+	}
+
+	// The page's dead-letters panel shows the reason, once, with the count.
+	var page string
+	select {
+	case page = <-eng.addr:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the page does not listen")
+	}
+	resp, err := http.Get("http://" + page + "/api/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		DeadLetters []struct {
+			Topic  string `json:"topic"`
+			Reason string `json:"reason"`
+			Count  int64  `json:"count"`
+		} `json:"dead_letters"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.DeadLetters) != 1 || st.DeadLetters[0].Count != bad || !strings.Contains(st.DeadLetters[0].Reason, "val_not_negative") ||
+		strings.HasPrefix(st.DeadLetters[0].Reason, "apply ") {
+		t.Errorf("page dead letters %+v, want one reason with %d", st.DeadLetters, bad)
 	}
 
 	// The DLQ keeps the original headers first, then ratchet's, and the

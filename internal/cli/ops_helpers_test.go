@@ -119,18 +119,20 @@ func (o *opsEnv) count(tb testing.TB, q string, args ...any) int64 {
 type engineRun struct {
 	cancel context.CancelFunc
 	done   chan error
+	addr   chan string // the page's address, once it listens
 }
 
 func startEngine(tb testing.TB, cfg config.Config, p processor.Processor, owner string) *engineRun {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &engineRun{cancel: cancel, done: make(chan error, 1)}
+	r := &engineRun{cancel: cancel, done: make(chan error, 1), addr: make(chan string, 1)}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("RATCHET_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	go func() {
-		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: p, Logger: log.With("owner", owner), Owner: owner})
+		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: p, Logger: log.With("owner", owner), Owner: owner,
+			OnListening: func(addr string) { r.addr <- addr }})
 	}()
 	tb.Cleanup(func() { r.stop(tb) })
 	return r

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -88,4 +89,39 @@ WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3`, dlqTopic, part
 		return fmt.Errorf("record replay of %s/%d/%d: no pending row", dlqTopic, partition, offset)
 	}
 	return nil
+}
+
+// DeadLetterReason is the dead letters of one input topic with one reason,
+// as ratchet_dead_letters records them in exactly-once mode.
+type DeadLetterReason struct {
+	Topic  string
+	Reason string
+	Count  int64
+	Last   time.Time // the latest failed_at
+}
+
+// DeadLetterReasons returns group's dead letters grouped by topic and
+// reason, the most recently failing first, at most limit of them. Reasons
+// are grouped without the batch offsets the engine prefixes to a database
+// error ("apply events[3] offsets 120..121: "), which differ for every
+// record.
+func DeadLetterReasons(ctx context.Context, pool *pgxpool.Pool, group string, limit int) ([]DeadLetterReason, error) {
+	rows, err := pool.Query(ctx, `
+SELECT topic, reason, count(*), max(failed_at) FROM (
+    SELECT topic, regexp_replace(error, '^apply \S+\[\d+\] offsets \d+\.\.\d+: ', '') AS reason, failed_at
+    FROM ratchet_dead_letters WHERE consumer_group = $1
+) d
+GROUP BY topic, reason ORDER BY max(failed_at) DESC, topic, reason LIMIT $2`, group, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read dead letters of group %s: %w", group, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetterReason, error) {
+		var d DeadLetterReason
+		err := r.Scan(&d.Topic, &d.Reason, &d.Count, &d.Last)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read dead letters of group %s: %w", group, err)
+	}
+	return out, nil
 }

@@ -3,6 +3,7 @@ package store_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"ratchet/internal/store"
 	"ratchet/processor"
@@ -92,5 +93,48 @@ func TestResetOffsetsIsGuardedByThePlannedEpoch(t *testing.T) {
 	// A claim after the reset starts from the reset position.
 	if c := claim(3, "c", 999); c.Next != 40 || c.Epoch != 2 {
 		t.Errorf("claim after a reset of a new row = %+v, want next 40 epoch 2", c)
+	}
+}
+
+// TestDeadLetterReasons groups ratchet_dead_letters by topic and reason,
+// without the batch offsets in database errors, latest first.
+func TestDeadLetterReasons(t *testing.T) {
+	pool := migratedPool(t)
+	ctx := testCtx(t)
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	for i, d := range []struct {
+		topic, err string
+		at         time.Time
+	}{
+		{"events", "decode protobuf: bad", t0},
+		{"events", "decode protobuf: bad", t0.Add(time.Minute)},
+		{"events", `apply events[0] offsets 4..5: ledger: ERROR: check "x" (SQLSTATE 23514)`, t0.Add(2 * time.Minute)},
+		{"events", `apply events[1] offsets 9..10: ledger: ERROR: check "x" (SQLSTATE 23514)`, t0.Add(3 * time.Minute)},
+		{"other", "decode protobuf: bad", t0},
+	} {
+		if _, err := pool.Exec(ctx, `INSERT INTO ratchet_dead_letters VALUES ('g', $1, 0, $2, $3, 1, 'x.dlq', $4)`,
+			d.topic, i, d.err, d.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := store.DeadLetterReasons(ctx, pool, "g", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.DeadLetterReason{
+		{Topic: "events", Reason: `ledger: ERROR: check "x" (SQLSTATE 23514)`, Count: 2, Last: t0.Add(3 * time.Minute)},
+		{Topic: "events", Reason: "decode protobuf: bad", Count: 2, Last: t0.Add(time.Minute)},
+		{Topic: "other", Reason: "decode protobuf: bad", Count: 1, Last: t0},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].Topic != want[i].Topic || got[i].Reason != want[i].Reason || got[i].Count != want[i].Count || !got[i].Last.Equal(want[i].Last) {
+			t.Errorf("row %d: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if got, _ := store.DeadLetterReasons(ctx, pool, "g", 1); len(got) != 1 {
+		t.Errorf("limit 1 returned %d rows", len(got))
 	}
 }
