@@ -71,48 +71,59 @@ func (k *kafkaTool) topics() (map[string][]int32, error) {
 	return out, nil
 }
 
-// groupMembers returns how many members the group has now and its state.
-// A group the coordinator does not know has none.
+// groupActive reports whether the group has members now, and its state.
+// A group the cluster does not list has none.
 //
-// DescribeConsumerGroups in librdkafka 2.11.1 can abort the whole process
-// when the coordinator connection drops while the request is in flight.
-// A long-running service must not call it; for a one-shot command that
-// outcome is acceptable (the command fails, nothing was changed yet at this
-// point), so the commands use it to decide whether the group is active.
-func (k *kafkaTool) groupMembers(ctx context.Context, group string) (int, string, error) {
-	res, err := k.a.DescribeConsumerGroups(ctx, []string{group})
+// It lists the groups (a request to every broker) instead of describing
+// this one: DescribeConsumerGroups and AlterConsumerGroupOffsets go through
+// librdkafka's coordinator admin path, which in 2.11 can abort the whole
+// process when the coordinator connection drops mid-request (librdkafka
+// issue 4605). For a one-shot command that would only fail the command,
+// but no production code of the module may call them
+// (actors.TestNoCoordinatorAdminRequests), and nothing here needs more than
+// the state.
+func (k *kafkaTool) groupActive(ctx context.Context, group string) (bool, string, error) {
+	res, err := k.a.ListConsumerGroups(ctx)
 	if err != nil {
-		return 0, "", fmt.Errorf("describe group %s: %w", group, err)
+		return false, "", fmt.Errorf("list consumer groups: %w", err)
 	}
-	if len(res.ConsumerGroupDescriptions) != 1 {
-		return 0, "", fmt.Errorf("describe group %s: %d descriptions", group, len(res.ConsumerGroupDescriptions))
-	}
-	d := res.ConsumerGroupDescriptions[0]
-	if code := d.Error.Code(); code != kafka.ErrNoError {
-		if code == kafka.ErrGroupIDNotFound {
-			return 0, "Dead", nil
+	for _, g := range res.Valid {
+		if g.GroupID != group {
+			continue
 		}
-		return 0, "", fmt.Errorf("describe group %s: %w", group, d.Error)
+		switch g.State {
+		case kafka.ConsumerGroupStateEmpty, kafka.ConsumerGroupStateDead:
+			return false, g.State.String(), nil
+		default:
+			// Stable, rebalancing, and Unknown too: a state we cannot
+			// read is not proof that nobody is there.
+			return true, g.State.String(), nil
+		}
 	}
-	return len(d.Members), d.State.String(), nil
+	if len(res.Errors) > 0 {
+		// A broker did not answer: the group may be on it.
+		return false, "", fmt.Errorf("list consumer groups: %w", errors.Join(res.Errors...))
+	}
+	return false, "none", nil
 }
 
-// commitOffsets commits offsets for group, which must have no active
-// members (the coordinator refuses a commit from outside a live group).
-func (k *kafkaTool) commitOffsets(ctx context.Context, group string, offsets []kafka.TopicPartition) error {
+// commitOffsets commits offsets for the tool's group, which must have no
+// active members: the consumer never joined it, so this is a commit from
+// outside the group (generation -1), which the coordinator accepts only
+// while the group is empty. It goes through the consumer's own group
+// coordinator connection, not the admin path.
+func (k *kafkaTool) commitOffsets(offsets []kafka.TopicPartition) error {
 	if len(offsets) == 0 {
 		return nil
 	}
-	res, err := k.a.AlterConsumerGroupOffsets(ctx, []kafka.ConsumerGroupTopicPartitions{{Group: group, Partitions: offsets}})
+	res, err := k.c.CommitOffsets(offsets)
 	if err != nil {
-		return fmt.Errorf("commit offsets of group %s: %w", group, err)
+		return fmt.Errorf("commit offsets: %w", err)
 	}
 	var errs []error
-	for _, g := range res.ConsumerGroupsTopicPartitions {
-		for _, p := range g.Partitions {
-			if p.Error != nil {
-				errs = append(errs, fmt.Errorf("commit %s[%d] of group %s: %w", *p.Topic, p.Partition, group, p.Error))
-			}
+	for _, p := range res {
+		if p.Error != nil {
+			errs = append(errs, fmt.Errorf("commit %s[%d]: %w", *p.Topic, p.Partition, p.Error))
 		}
 	}
 	return errors.Join(errs...)

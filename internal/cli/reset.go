@@ -159,9 +159,9 @@ type resetPlan struct {
 	group string
 	mode  string
 	rows  []resetRow
-	// members is the number of active group members at planning time.
-	members int
-	state   string
+	// active says the group had members at planning time.
+	active bool
+	state  string
 }
 
 func offsetsResetCmd(ctx context.Context, e *env, args []string) error {
@@ -224,7 +224,7 @@ func planReset(ctx context.Context, cfg config.Config, k *kafkaTool, pool *pgxpo
 			return plan, errors.New("offsets reset: the database has no ratchet_offsets table yet; run `ratchet migrate` first")
 		}
 	}
-	if plan.members, plan.state, err = k.groupMembers(ctx, cfg.Kafka.GroupID); err != nil {
+	if plan.active, plan.state, err = k.groupActive(ctx, cfg.Kafka.GroupID); err != nil {
 		return plan, err
 	}
 	for _, topic := range topics {
@@ -373,8 +373,8 @@ func writeResetPlan(w io.Writer, plan resetPlan) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\ndry run: nothing changed (group %s, mode %s). Add --execute to apply this plan.\n", plan.group, plan.mode)
-	if plan.mode == config.ModeAtLeastOnce && plan.members > 0 {
-		fmt.Fprintf(w, "note: the group has %s; --execute refuses until they have stopped.\n", plural(plan.members, "active member"))
+	if plan.mode == config.ModeAtLeastOnce && plan.active {
+		fmt.Fprintf(w, "note: the group has active members (state %s); --execute refuses until they have stopped.\n", plan.state)
 	}
 }
 
@@ -426,14 +426,14 @@ func executeReset(ctx context.Context, w io.Writer, cfg config.Config, k *kafkaT
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nmoved %d of %d partitions in ratchet_offsets (group %s, mode exactly-once).\n", len(moved), len(res), plan.group)
-	members, _, err := k.groupMembers(ctx, plan.group)
+	active, state, err := k.groupActive(ctx, plan.group)
 	switch {
 	case err != nil:
 		return fmt.Errorf("the store was reset, but Kafka's committed offsets were not updated: %w", err)
-	case members > 0:
-		fmt.Fprintf(w, "the group has %s: each owner resumes from its new position at its next batch (an idle partition: when its next record arrives) and commits it to Kafka.\n", plural(members, "active member"))
+	case active:
+		fmt.Fprintf(w, "the group has active members (state %s): each owner resumes from its new position at its next batch (an idle partition: when its next record arrives) and commits it to Kafka.\n", state)
 	case len(moved) > 0:
-		if err := k.commitOffsets(ctx, plan.group, moved); err != nil {
+		if err := k.commitOffsets(moved); err != nil {
 			return fmt.Errorf("the store was reset (it is what the engine starts from), but Kafka's committed offsets were not updated: %w", err)
 		}
 		fmt.Fprintf(w, "the group has no active members: committed the new offsets to Kafka too.\n")
@@ -448,20 +448,20 @@ func executeReset(ctx context.Context, w io.Writer, cfg config.Config, k *kafkaT
 // offsets are the position, and like Kafka's own tool it refuses while the
 // group has members (their next commit would overwrite the reset).
 func executeResetKafka(ctx context.Context, w io.Writer, k *kafkaTool, plan resetPlan) error {
-	members, state, err := k.groupMembers(ctx, plan.group)
+	active, state, err := k.groupActive(ctx, plan.group)
 	if err != nil {
 		return err
 	}
-	if members > 0 {
-		return fmt.Errorf("offsets reset: group %s has %s (state %s); in at-least-once mode Kafka's committed offsets are the position, and a running member would overwrite them: stop every instance, then run again",
-			plan.group, plural(members, "active member"), state)
+	if active {
+		return fmt.Errorf("offsets reset: group %s has active members (state %s); in at-least-once mode Kafka's committed offsets are the position, and a running member would overwrite them: stop every instance, then run again",
+			plan.group, state)
 	}
 	offsets := make([]kafka.TopicPartition, len(plan.rows))
 	for i, r := range plan.rows {
 		t := r.Topic
 		offsets[i] = kafka.TopicPartition{Topic: &t, Partition: r.Partition, Offset: kafka.Offset(r.To)}
 	}
-	if err := k.commitOffsets(ctx, plan.group, offsets); err != nil {
+	if err := k.commitOffsets(offsets); err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

@@ -155,7 +155,7 @@ func TestResetToEarliestWhileRunningUnderLoad(t *testing.T) {
 	if len(moved) != 4 {
 		t.Fatalf("moved %d partitions, want 4:\n%s", len(moved), out)
 	}
-	if !strings.Contains(out, "active member") {
+	if !strings.Contains(out, "active members") {
 		t.Errorf("output does not say the running owners resume:\n%s", out)
 	}
 	atReset := ledgerRows()
@@ -434,7 +434,7 @@ func TestResetAtLeastOnceRefusesWhileMembersRun(t *testing.T) {
 	}, "everything applied and committed")
 
 	code, out, errOut := o.run(t, "offsets", "reset", "--to-earliest", "--execute")
-	if code != ExitError || !strings.Contains(errOut, "1 active member") {
+	if code != ExitError || !strings.Contains(errOut, "active members") {
 		t.Fatalf("reset with a running member: exit %d, want %d with a clear message\nstdout: %s\nstderr: %s", code, ExitError, out, errOut)
 	}
 	if out := o.mustRun(t, "offsets", "reset", "--to-earliest"); !strings.Contains(out, "refuses until they have stopped") {
