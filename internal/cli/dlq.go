@@ -179,8 +179,9 @@ func (k *kafkaTool) readDeadLetters(ctx context.Context, topic string, parts []i
 	return out, nil
 }
 
-// openDLQTools parses nothing; it connects to Kafka and lists the
-// dead-letter topics that exist.
+// dlqSource returns the dead-letter topics to read (--topic, which must
+// exist, or every input topic's) and the partitions of every topic in the
+// cluster.
 func dlqSource(cfg config.Config, k *kafkaTool, topicFlag string) ([]string, map[string][]int32, error) {
 	all, err := k.topics()
 	if err != nil {
