@@ -497,6 +497,13 @@ type replayKey struct {
 
 func replayTopic(ctx context.Context, w io.Writer, k *kafkaTool, p *kafka.Producer, pool *pgxpool.Pool, all map[string][]int32,
 	dlqTopic string, parts []int32, o replayOptions, n *replayCounts, interrupt func() bool) error {
+	if o.execute {
+		unlock, err := store.LockReplays(ctx, pool, dlqTopic)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
 	letters, err := k.readDeadLetters(ctx, dlqTopic, parts)
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 
 	"ratchet/actors"
 	"ratchet/config"
+	"ratchet/internal/store"
 	"ratchet/internal/testenv"
 )
 
@@ -332,6 +333,21 @@ func TestReplayInterruptedAndRerunReplaysEachOnce(t *testing.T) {
 	}
 	if got := replayCountsOf(t, o.mustRun(t, "dlq", "replay", "--execute")); got != [3]int{0, n, 0} {
 		t.Errorf("third run %v, want nothing replayed", got)
+	}
+
+	// Two runs at once would both produce what neither has recorded: the
+	// second refuses while the first holds the topic's lock.
+	unlock, err := store.LockReplays(context.Background(), o.pool, dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := o.run(t, "dlq", "replay", "--execute")
+	unlock()
+	if code != ExitError || !strings.Contains(errOut, "another replay") {
+		t.Errorf("a concurrent run: exit %d\nstdout: %s\nstderr: %s", code, out, errOut)
+	}
+	if got := replayCountsOf(t, o.mustRun(t, "dlq", "replay", "--execute")); got != [3]int{0, n, 0} {
+		t.Errorf("after the lock was released: %v", got)
 	}
 }
 

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -124,4 +125,41 @@ GROUP BY topic, reason ORDER BY max(failed_at) DESC, topic, reason LIMIT $2`, gr
 		return nil, fmt.Errorf("read dead letters of group %s: %w", group, err)
 	}
 	return out, nil
+}
+
+// replayLockClass is the first key of the advisory locks LockReplays takes
+// ("rply" in ASCII); the second is the dead-letter topic's hash.
+const replayLockClass int32 = 0x72706c79
+
+// ErrReplayRunning means another `ratchet dlq replay --execute` of the same
+// dead-letter topic holds its lock.
+var ErrReplayRunning = errors.New("another replay of this dead-letter topic is running")
+
+// LockReplays takes the session advisory lock of dlqTopic's replays on a
+// connection of its own, or returns ErrReplayRunning at once when another
+// run holds it: two runs at once would both produce the dead letters
+// neither has recorded yet. unlock releases the lock and the connection;
+// a run that dies releases both with its session.
+func LockReplays(ctx context.Context, pool *pgxpool.Pool, dlqTopic string) (unlock func(), err error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, replayLockClass, dlqTopic).Scan(&ok); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
+	}
+	if !ok {
+		conn.Release()
+		return nil, fmt.Errorf("%s: %w", dlqTopic, ErrReplayRunning)
+	}
+	return func() {
+		// Unlocked before the connection goes back to the pool; if that
+		// fails the connection is closed, which unlocks too.
+		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, replayLockClass, dlqTopic); err != nil {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+		conn.Release()
+	}, nil
 }
