@@ -85,6 +85,8 @@ func (m *Committer) Receive(c actor.Context) {
 		}
 		st.next = msg.Next
 		m.arm(c)
+	case *OffsetMoved:
+		m.moved(c, msg)
 	case *commitTick:
 		m.timerArmed = false
 		m.periodic(c)

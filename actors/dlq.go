@@ -230,19 +230,27 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 	item.attempts++
 	topic := l.DLQTopic
 	r := l.Record
+	// The original headers first, then ratchet's, and the original
+	// timestamp: `ratchet dlq replay` re-produces the record as it was.
+	headers := make([]kafka.Header, 0, len(r.Headers)+6)
+	for _, h := range r.Headers {
+		headers = append(headers, kafka.Header{Key: h.Key, Value: h.Value})
+	}
+	headers = append(headers,
+		kafka.Header{Key: HeaderError, Value: []byte(truncate(l.Reason.Error(), 1000))},
+		kafka.Header{Key: HeaderTopic, Value: []byte(r.Topic)},
+		kafka.Header{Key: HeaderPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
+		kafka.Header{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(l.Attempts))},
+		kafka.Header{Key: HeaderFailedAt, Value: []byte(l.FailedAt.UTC().Format(time.RFC3339Nano))},
+	)
 	msg := &kafka.Message{
 		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 		Key:            r.Key,
 		Value:          r.Value,
-		Headers: []kafka.Header{
-			{Key: HeaderError, Value: []byte(truncate(l.Reason.Error(), 1000))},
-			{Key: HeaderTopic, Value: []byte(r.Topic)},
-			{Key: HeaderPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
-			{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
-			{Key: HeaderAttempts, Value: []byte(strconv.Itoa(l.Attempts))},
-			{Key: HeaderFailedAt, Value: []byte(l.FailedAt.UTC().Format(time.RFC3339Nano))},
-		},
-		Opaque: item,
+		Timestamp:      r.Timestamp,
+		Headers:        headers,
+		Opaque:         item,
 	}
 	if err := d.cfg.Producer.Produce(msg, nil); err != nil {
 		d.retryLater(c, item, err)

@@ -526,6 +526,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err)
 			p.state.next = conflict.StoredNext
 			p.cfg.Progress.Next.Store(conflict.StoredNext)
+			c.Send(p.cfg.Committer, &OffsetMoved{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: conflict.StoredNext})
 			p.rewind(c)
 			return
 		}

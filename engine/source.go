@@ -3,12 +3,14 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"ratchet/actors"
 	"ratchet/config"
+	"ratchet/internal/store"
 	"ratchet/internal/web"
 	"ratchet/processor/dashboard"
 )
@@ -47,6 +49,43 @@ func (s *source) Rollups(ctx context.Context, since time.Time) ([]web.Rollup, er
 	out := make([]web.Rollup, len(rows))
 	for i, r := range rows {
 		out[i] = web.Rollup{Metric: r.Metric, Bucket: r.Bucket, Count: r.Count, Sum: r.Sum, Min: r.Min, Max: r.Max}
+	}
+	return out, nil
+}
+
+// deadLetterPanelRows bounds the page's dead-letters panel.
+const deadLetterPanelRows = 10
+
+// DeadLetters implements web.DeadLetterSource. In exactly-once mode the
+// reasons come from ratchet_dead_letters (every instance's, most recent
+// first); in at-least-once mode nothing records them outside the DLQ, so
+// the panel shows this instance's counts per topic, as the metrics do.
+func (s *source) DeadLetters(ctx context.Context) ([]web.DeadLetterSummary, error) {
+	if s.cfg.Commit.Mode != config.ModeExactlyOnce {
+		counts := map[string]int64{}
+		var topics []string
+		for _, p := range s.board.Partitions() {
+			if _, ok := counts[p.Topic]; !ok {
+				topics = append(topics, p.Topic)
+			}
+			counts[p.Topic] += p.DeadLetter
+		}
+		slices.Sort(topics)
+		out := []web.DeadLetterSummary{}
+		for _, t := range topics {
+			if counts[t] > 0 {
+				out = append(out, web.DeadLetterSummary{Topic: t, Count: counts[t]})
+			}
+		}
+		return out, nil
+	}
+	rows, err := store.DeadLetterReasons(ctx, s.pool, s.cfg.Kafka.GroupID, deadLetterPanelRows)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]web.DeadLetterSummary, len(rows))
+	for i, r := range rows {
+		out[i] = web.DeadLetterSummary{Topic: r.Topic, Reason: r.Reason, Count: r.Count, Last: r.Last}
 	}
 	return out, nil
 }

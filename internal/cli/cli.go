@@ -52,7 +52,8 @@ func commands() []command {
 		{"dev", "run everything embedded: broker, demo producer, engine, page", devCmd},
 		{"broker", "run the local Kafka-protocol broker", brokerCmd},
 		{"produce", "produce demo or load events", produceCmd},
-		{"offsets", "show stored and committed offsets, lag and would-be rewinds", offsetsCmd},
+		{"offsets", "show stored and committed offsets, lag and would-be rewinds; 'offsets reset' moves them", offsetsCmd},
+		{"dlq", "'dlq ls' summarises dead letters, 'dlq replay' re-produces them", dlqCmd},
 		{"migrate", "apply the database schema", migrateCmd},
 		{"version", "print the version", versionCmd},
 	}

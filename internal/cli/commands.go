@@ -234,8 +234,16 @@ func kafkaVersion() string {
 }
 
 func offsetsCmd(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && args[0] == "reset" {
+		return offsetsResetCmd(ctx, e, args[1:])
+	}
 	fs := flags(e, "offsets")
 	path := fs.String("config", "", "YAML configuration file")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: ratchet offsets [--config FILE]")
+		fmt.Fprintln(fs.Output(), "       ratchet offsets reset ... (see ratchet offsets reset -h)")
+		fs.PrintDefaults()
+	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -304,6 +312,11 @@ func collectOffsets(ctx context.Context, cfg config.Config) ([]offsetRow, error)
 		}
 		sort.Slice(parts, func(i, j int) bool { return parts[i].Partition < parts[j].Partition })
 		committed, err := c.Committed(parts, timeoutMs)
+		var ke kafka.Error
+		if errors.As(err, &ke) && ke.Code() == kafka.ErrGroupIDNotFound {
+			// A group that never committed: kfake says so, Kafka answers -1.
+			committed, err = nil, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("committed offsets of %s: %w", topic, err)
 		}

@@ -19,6 +19,7 @@ var errNoSource = errors.New("no source configured")
 type state struct {
 	Pipeline    Pipeline
 	Rollups     []Rollup
+	DeadLetters []DeadLetterSummary // nil without a DeadLetterSource
 	Readiness   Readiness
 	GeneratedAt time.Time
 	Since       time.Time // first bucket of the window
@@ -43,6 +44,15 @@ func (s *Server) snapshot(ctx context.Context) (state, error) {
 	if err != nil {
 		return state{}, err
 	}
+	var dead []DeadLetterSummary
+	if ds, ok := s.source.(DeadLetterSource); ok {
+		if dead, err = ds.DeadLetters(ctx); err != nil {
+			return state{}, err
+		}
+		if dead == nil {
+			dead = []DeadLetterSummary{}
+		}
+	}
 	p.Partitions = slices.Clone(p.Partitions)
 	slices.SortStableFunc(p.Partitions, func(a, b PartitionStatus) int {
 		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
@@ -60,6 +70,7 @@ func (s *Server) snapshot(ctx context.Context) (state, error) {
 	return state{
 		Pipeline:    p,
 		Rollups:     rs,
+		DeadLetters: dead,
 		Readiness:   s.source.Readiness(),
 		GeneratedAt: now,
 		Since:       since,
@@ -163,12 +174,14 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // that non-finite floats encode as null instead of failing.
 
 type stateJSON struct {
-	Pipeline    pipelineJSON  `json:"pipeline"`
-	Rollups     []rollupJSON  `json:"rollups"`
-	Readiness   readinessJSON `json:"readiness"`
-	GeneratedAt time.Time     `json:"generated_at"`
-	Since       time.Time     `json:"since"`
-	Window      int           `json:"window_minutes"`
+	Pipeline pipelineJSON `json:"pipeline"`
+	Rollups  []rollupJSON `json:"rollups"`
+	// DeadLetters is null when the source has no dead-letter reasons.
+	DeadLetters []deadLetterJSON `json:"dead_letters"`
+	Readiness   readinessJSON    `json:"readiness"`
+	GeneratedAt time.Time        `json:"generated_at"`
+	Since       time.Time        `json:"since"`
+	Window      int              `json:"window_minutes"`
 }
 
 type pipelineJSON struct {
@@ -202,6 +215,13 @@ type rollupJSON struct {
 	Sum    number    `json:"sum"`
 	Min    number    `json:"min"`
 	Max    number    `json:"max"`
+}
+
+type deadLetterJSON struct {
+	Topic  string     `json:"topic"`
+	Reason string     `json:"reason"`
+	Count  int64      `json:"count"`
+	Last   *time.Time `json:"last_failed_at"` // null when unknown
 }
 
 type readinessJSON struct {
@@ -256,6 +276,17 @@ func toStateJSON(st state) stateJSON {
 			RatePerSec:      number(p.RatePerSec),
 			Paused:          p.Paused,
 		})
+	}
+	if st.DeadLetters != nil {
+		out.DeadLetters = make([]deadLetterJSON, 0, len(st.DeadLetters))
+	}
+	for _, d := range st.DeadLetters {
+		j := deadLetterJSON{Topic: d.Topic, Reason: d.Reason, Count: d.Count}
+		if !d.Last.IsZero() {
+			last := d.Last.UTC()
+			j.Last = &last
+		}
+		out.DeadLetters = append(out.DeadLetters, j)
 	}
 	for _, r := range st.Rollups {
 		out.Rollups = append(out.Rollups, rollupJSON{

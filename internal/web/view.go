@@ -34,6 +34,16 @@ type pageView struct {
 	Summary     []summaryView
 	Rows        []rowView
 	Metrics     []metricView
+	// ShowDeadLetters is set when the source reports dead-letter reasons.
+	ShowDeadLetters bool
+	DeadLetters     []deadLetterView
+}
+
+type deadLetterView struct {
+	Topic  string
+	Reason string
+	Count  string
+	Last   string
 }
 
 type summaryView struct {
@@ -135,6 +145,21 @@ func buildView(title string, st state) pageView {
 		v.Rows = append(v.Rows, buildRow(p))
 	}
 	v.Metrics = buildMetrics(st.Rollups, st.Since)
+	v.ShowDeadLetters = st.DeadLetters != nil
+	for _, d := range st.DeadLetters {
+		v.DeadLetters = append(v.DeadLetters, buildDeadLetter(d))
+	}
+	return v
+}
+
+func buildDeadLetter(d DeadLetterSummary) deadLetterView {
+	v := deadLetterView{Topic: d.Topic, Reason: d.Reason, Count: formatInt(d.Count), Last: "—"}
+	if v.Reason == "" {
+		v.Reason = "reasons: ratchet dlq ls"
+	}
+	if !d.Last.IsZero() {
+		v.Last = d.Last.UTC().Format(time.RFC3339)
+	}
 	return v
 }
 

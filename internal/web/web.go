@@ -28,6 +28,25 @@ type Source interface {
 	Readiness() Readiness
 }
 
+// DeadLetterSource is implemented by a Source that can say why records were
+// dead-lettered; the page then shows a dead-letters panel. Like the other
+// Source methods it must be safe for concurrent use and honour ctx.
+type DeadLetterSource interface {
+	// DeadLetters returns the most recent reasons, latest first.
+	DeadLetters(ctx context.Context) ([]DeadLetterSummary, error)
+}
+
+// DeadLetterSummary is one line of the dead-letters panel: the dead letters
+// of one input topic with one reason.
+type DeadLetterSummary struct {
+	Topic string
+	// Reason is empty when the source only counts (at-least-once mode,
+	// where the reasons are only in the dead-letter topic).
+	Reason string
+	Count  int64
+	Last   time.Time // the latest failure; zero when unknown
+}
+
 // Pipeline is the state of one ratchet instance and the partitions it knows.
 type Pipeline struct {
 	Instance   string

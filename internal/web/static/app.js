@@ -132,6 +132,32 @@
     body.replaceChildren.apply(body, rows);
   }
 
+  function renderDeadLetters(dead) {
+    var card = $("dead-letters-card");
+    if (!dead) { card.hidden = true; return; }
+    card.hidden = false;
+    var body = $("dead-letters");
+    var rows = [];
+    if (dead.length === 0) {
+      var tr = el("tr", "empty-row");
+      var c = td("", "No dead letters.");
+      c.colSpan = 4;
+      tr.appendChild(c);
+      rows.push(tr);
+    }
+    dead.forEach(function (d) {
+      var tr = el("tr");
+      [
+        td("topic", d.topic),
+        td("reason-text", d.reason || "reasons: ratchet dlq ls"),
+        td("num bad", fmtInt(d.count)),
+        td("", d.last_failed_at ? d.last_failed_at.replace(/\.\d+Z$/, "Z") : "—")
+      ].forEach(function (c) { tr.appendChild(c); });
+      rows.push(tr);
+    });
+    body.replaceChildren.apply(body, rows);
+  }
+
   // groupRollups returns [{name, rows}] in metric order; the server sorts
   // rollups by metric and bucket.
   function groupRollups(rollups) {
@@ -263,6 +289,7 @@
         renderHeader(s);
         renderSummary(s.pipeline.partitions);
         renderPartitions(s.pipeline.partitions);
+        renderDeadLetters(s.dead_letters);
         renderMetrics(s);
         $("error").hidden = true;
         setLive("", "live");
