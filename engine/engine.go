@@ -231,6 +231,7 @@ func (e *engine) run(ctx context.Context) error {
 		BatchSize:       cfg.Processing.BatchSize,
 		Linger:          cfg.Processing.BatchLinger,
 		MaxBuffered:     cfg.Processing.MaxBufferedPerPartition,
+		MemoryBudget:    int64(cfg.Processing.MemoryBudget),
 		Retry: actors.RetryPolicy{
 			InitialBackoff: cfg.Retry.InitialBackoff,
 			MaxBackoff:     cfg.Retry.MaxBackoff,
