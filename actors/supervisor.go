@@ -18,11 +18,12 @@ import (
 	"ratchet/internal/store"
 )
 
-// ClaimFunc claims a partition for this instance in the offset store
-// (exactly-once): the epoch grows by one and the stored position is
-// returned. fallback is the position for a partition the store has never
-// seen.
-type ClaimFunc func(ctx context.Context, topic string, partition int32, fallback int64) (store.Claim, error)
+// ClaimFunc claims partitions for this instance in the offset store
+// (exactly-once), in as few round trips as it can: each claim raises the
+// partition's epoch by one and returns its stored position; Fallback is
+// the position of a partition the store has never seen. It returns a claim
+// and an error per request, in order (store.ClaimPartitions).
+type ClaimFunc func(ctx context.Context, reqs []store.ClaimRequest) ([]store.Claim, []error)
 
 // SupervisorConfig configures the supervisor and its poll loop.
 type SupervisorConfig struct {

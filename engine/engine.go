@@ -205,8 +205,8 @@ func (e *engine) run(ctx context.Context) error {
 
 	var claim actors.ClaimFunc
 	if exactlyOnce {
-		claim = func(ctx context.Context, topic string, partition int32, fallback int64) (store.Claim, error) {
-			return store.ClaimPartition(ctx, pool, cfg.Kafka.GroupID, topic, partition, e.opts.Owner, fallback)
+		claim = func(ctx context.Context, reqs []store.ClaimRequest) ([]store.Claim, []error) {
+			return store.ClaimPartitions(ctx, pool, cfg.Kafka.GroupID, e.opts.Owner, reqs)
 		}
 	}
 	sup := actors.NewSupervisor(system, actors.SupervisorConfig{
