@@ -479,6 +479,10 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 	p.queueBytes -= bytes
 	if len(p.queue) > 0 {
 		p.firstAt = time.Now()
+	} else {
+		// Let the array go: an idle partition keeps nothing, and with
+		// a thousand partitions their emptied arrays added up to 15 MB.
+		p.queue = nil
 	}
 	return msg, n, bytes
 }

@@ -419,7 +419,7 @@ func (s *Supervisor) flushPending() {
 		}
 		a.held.Add(len(a.pending), messagesBytes(a.pending))
 		s.system.Root.Send(a.pid, &Records{Seek: a.seek, Msgs: a.pending})
-		a.pending = a.pending[:0:0]
+		a.pending = nil
 		s.watchIfOver(a)
 	}
 	clear(s.touched)
