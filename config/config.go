@@ -217,7 +217,7 @@ func Default() Config {
 			BatchSize:               500,
 			BatchLinger:             20 * time.Millisecond,
 			MaxBufferedPerPartition: 10000,
-			MemoryBudget:            64 << 20,
+			MemoryBudget:            32 << 20,
 		},
 		Commit:      Commit{Mode: ModeExactlyOnce, Interval: time.Second},
 		Retry:       Retry{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 30 * time.Second, MaxAttempts: 5},

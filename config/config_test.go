@@ -68,7 +68,7 @@ func TestDefaults(t *testing.T) {
 		{"processing.batch_size", cfg.Processing.BatchSize, 500},
 		{"processing.batch_linger", cfg.Processing.BatchLinger, 20 * time.Millisecond},
 		{"processing.max_buffered_per_partition", cfg.Processing.MaxBufferedPerPartition, 10000},
-		{"processing.memory_budget", cfg.Processing.MemoryBudget, ByteSize(64 << 20)},
+		{"processing.memory_budget", cfg.Processing.MemoryBudget, ByteSize(32 << 20)},
 		{"commit.mode", cfg.Commit.Mode, ModeExactlyOnce},
 		{"commit.interval", cfg.Commit.Interval, time.Second},
 		{"retry.initial_backoff", cfg.Retry.InitialBackoff, 100 * time.Millisecond},
