@@ -31,7 +31,8 @@ import (
 //   - When the budget stays full for holdFor (nothing applied meanwhile),
 //     every partition is paused, so that the poll loop can go on serving
 //     the group (rebalances, max.poll.interval.ms) without taking records,
-//     and resumed once half the budget is free.
+//     and resumed once half of what the partitions paused at their cap
+//     leave of the budget is free.
 //
 // librdkafka's prefetch (queued.max.messages.kbytes, internal/kafkaclient)
 // is bounded separately, for the whole consumer, and comes on top.
@@ -183,6 +184,7 @@ func (s *Supervisor) backpressure() (hold bool) {
 		capRecords = 1<<63 - 1
 	}
 	var pause, resume []kafka.TopicPartition
+	var capped int64 // held by partitions paused at their cap
 	keep := s.watch[:0]
 	for _, a := range s.watch {
 		if s.parts[a.tp] != a || (a.paused && !a.capped) {
@@ -199,17 +201,20 @@ func (s *Supervisor) backpressure() (hold bool) {
 				a.overSince, a.watched = time.Time{}, false
 				continue
 			}
+			capped += a.held.Bytes()
 		case pressureHold:
 			if a.overSince.IsZero() {
 				a.overSince = now
 			}
 			hold = true
 		case pressurePause:
+			capped += a.held.Bytes()
 			pause = append(pause, ktp(a.tp, kafka.OffsetInvalid))
 			a.paused, a.capped, a.overSince = true, true, time.Time{}
 			s.cfg.Metrics.Paused.Inc()
 		case pressureResume:
 			if s.squeezed {
+				capped += a.held.Bytes()
 				break // resumed with the others once half the budget is free
 			}
 			resume = append(resume, ktp(a.tp, kafka.OffsetInvalid))
@@ -224,7 +229,9 @@ func (s *Supervisor) backpressure() (hold bool) {
 
 	held := s.budget.Held()
 	switch {
-	case s.squeezed && held <= s.budget.limit/2:
+	case s.squeezed && s.budget.limit-held >= (s.budget.limit-capped)/2:
+		// Half of what the partitions paused at their cap leave is free:
+		// partitions that stopped applying do not keep the others paused.
 		resume = append(resume, s.unsqueeze(capBytes, capRecords)...)
 	case s.squeezed:
 	case held >= s.budget.limit:
@@ -235,7 +242,7 @@ func (s *Supervisor) backpressure() (hold bool) {
 			hold = true
 			break
 		}
-		pause = append(pause, s.squeeze()...)
+		pause = append(pause, s.squeeze(capBytes, capRecords)...)
 	default:
 		s.fullSince = time.Time{}
 	}
@@ -245,7 +252,10 @@ func (s *Supervisor) backpressure() (hold bool) {
 
 // squeeze pauses every unpaused partition: the budget stayed full for
 // holdFor. The poll loop polls on (the group needs it) and takes nothing.
-func (s *Supervisor) squeeze() []kafka.TopicPartition {
+// A partition holding more than half its cap is paused as at its cap
+// (watched, resumed at half of it): if it has stopped applying, what it
+// holds must not keep the others paused (see backpressure).
+func (s *Supervisor) squeeze(capBytes, capRecords int64) []kafka.TopicPartition {
 	s.squeezed, s.fullSince = true, time.Time{}
 	list := make([]kafka.TopicPartition, 0, len(s.parts))
 	for tp, a := range s.parts {
@@ -253,6 +263,13 @@ func (s *Supervisor) squeeze() []kafka.TopicPartition {
 			continue
 		}
 		a.paused, a.overSince = true, time.Time{}
+		if a.held.Bytes() > capBytes/2 || a.held.Records() > capRecords/2 {
+			a.capped = true
+			if !a.watched {
+				a.watched = true
+				s.watch = append(s.watch, a)
+			}
+		}
 		s.cfg.Metrics.Paused.Inc()
 		list = append(list, ktp(tp, kafka.OffsetInvalid))
 	}
@@ -286,6 +303,9 @@ func (s *Supervisor) unsqueeze(capBytes, capRecords int64) []kafka.TopicPartitio
 
 // pauseResume makes one Pause and one Resume call for the lists.
 func (s *Supervisor) pauseResume(pause, resume []kafka.TopicPartition) {
+	if s.consumer == nil {
+		return // being rebuilt; the partitions are stopped with it
+	}
 	if len(pause) > 0 {
 		if err := s.consumer.Pause(pause); err != nil {
 			s.cfg.Logger.Warn("pause partitions", "partitions", len(pause), "err", err)

@@ -1,8 +1,13 @@
 package actors
 
 import (
+	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"ratchet/internal/metrics"
 )
 
 func TestPartitionPressure(t *testing.T) {
@@ -93,5 +98,57 @@ func TestBackpressureHoldsBeforePausing(t *testing.T) {
 	a.held.Release(1, 1<<20)
 	if s.backpressure() || !s.fullSince.IsZero() {
 		t.Fatal("held with the budget free")
+	}
+}
+
+// TestSqueezeLetsStuckPartitionsGo: the budget stays full with nothing
+// applied, so every partition is paused. Five partitions that stopped
+// applying hold most of it; once the others have applied what they held,
+// they are resumed although more than half the budget is still held (by
+// the five, which stay paused at their cap).
+func TestSqueezeLetsStuckPartitionsGo(t *testing.T) {
+	const partitions, stuck = 16, 5
+	budget := NewBudget(16000) // cap max(1000, 2000) = 2000 bytes a partition
+	s := &Supervisor{cfg: SupervisorConfig{MaxBuffered: 100000, Metrics: metrics.New(prometheus.NewRegistry()),
+		Logger: slog.New(slog.DiscardHandler)}, parts: map[TopicPartition]*assigned{}, budget: budget}
+	var all []*assigned
+	for p := range int32(partitions) {
+		a := &assigned{tp: TopicPartition{Topic: "events", Partition: p}, held: NewHeld(budget)}
+		s.parts[a.tp] = a
+		all = append(all, a)
+		if p < stuck {
+			a.held.Add(4, 2000)
+		} else {
+			a.held.Add(1, 600)
+		}
+		s.watchIfOver(a)
+	}
+	if !s.backpressure() {
+		t.Fatal("not held with the budget full")
+	}
+	s.fullSince = time.Now().Add(-holdFor) // nothing applied for holdFor
+	s.backpressure()
+	if !s.squeezed {
+		t.Fatal("not squeezed after the budget stayed full for holdFor")
+	}
+	for _, a := range all {
+		if !a.paused || a.capped != (a.tp.Partition < stuck) {
+			t.Fatalf("%s: paused %v capped %v after the squeeze", a.tp, a.paused, a.capped)
+		}
+	}
+	if s.backpressure() || !s.squeezed {
+		t.Fatal("resumed before anything was applied")
+	}
+	for _, a := range all[stuck:] {
+		a.held.Release(1, 600) // the healthy partitions apply what they held
+	}
+	s.backpressure()
+	if s.squeezed {
+		t.Fatalf("still squeezed with %d of %d bytes held by the stuck partitions", budget.Held(), budget.Limit())
+	}
+	for _, a := range all {
+		if a.paused != (a.tp.Partition < stuck) {
+			t.Errorf("%s: paused %v, want only the stuck partitions paused", a.tp, a.paused)
+		}
 	}
 }
