@@ -14,8 +14,13 @@ import (
 // what it hands to a partition actor; the actor releases what it applied
 // or dropped.
 //
-// The poll loop takes no record while the budget is full, so what is held
-// passes the budget by at most one record. How it is shared:
+// The poll loop takes no record while the budget is full, and ends a round
+// of reading when a partition's records in it take that partition over its
+// cap, so what is held passes the budget, and what a partition holds its
+// cap, by at most one record. One exception: records librdkafka had
+// already fetched for a partition when it was paused can still come out of
+// Poll, and are handed over (dropping them would skip them); they are
+// counted, and bounded by librdkafka's prefetch. How it is shared:
 //
 //   - No partition holds more than its cap, max(limit / partitions,
 //     limit / capShare) bytes and MaxBuffered records: a partition that
@@ -318,14 +323,17 @@ func (s *Supervisor) pauseResume(pause, resume []kafka.TopicPartition) {
 	}
 }
 
+// overCap reports whether a partition, holding what it holds and handed
+// records more of bytes, is over its cap.
+func (s *Supervisor) overCap(a *assigned, records int, bytes int64) bool {
+	return a.held.Bytes()+bytes > s.budget.partitionCap(len(s.parts)) ||
+		(s.cfg.MaxBuffered > 0 && a.held.Records()+int64(records) > int64(s.cfg.MaxBuffered))
+}
+
 // watchIfOver puts a partition that has just been handed records on the
 // watch list when it went over its cap.
 func (s *Supervisor) watchIfOver(a *assigned) {
-	if a.watched {
-		return
-	}
-	if a.held.Bytes() > s.budget.partitionCap(len(s.parts)) ||
-		(s.cfg.MaxBuffered > 0 && a.held.Records() > int64(s.cfg.MaxBuffered)) {
+	if !a.watched && s.overCap(a, 0, 0) {
 		a.watched = true
 		s.watch = append(s.watch, a)
 	}

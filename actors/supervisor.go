@@ -113,12 +113,15 @@ type Supervisor struct {
 
 	// Backpressure (budget.go). budget counts what partition actors hold;
 	// roundBytes is what this round of the poll loop read and has not yet
+	// handed over; roundOver is set when a partition's share of it took
+	// the partition over its cap, which ends the round;
 	// handed over; touched lists the partitions with records pending;
 	// watch the partitions over their cap. fullSince is when the budget
 	// became full; squeezed is set while every partition is paused
 	// because it stayed full.
 	budget     *Budget
 	roundBytes int64
+	roundOver  bool
 	touched    []*assigned
 	watch      []*assigned
 	fullSince  time.Time
@@ -164,8 +167,9 @@ type assigned struct {
 	overSince time.Time
 	lag       prometheus.Gauge // its lag gauge, looked up once
 	// pending holds the records read in this round of the poll loop, not
-	// yet handed to the actor.
-	pending []*kafka.Message
+	// yet handed to the actor, and pendingBytes their recordBytes.
+	pending      []*kafka.Message
+	pendingBytes int64
 }
 
 // holdFor is how long the poll loop stops taking records while a partition
@@ -273,7 +277,7 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 	}
 	s.downSince = time.Time{}
 	s.idleSince, s.idleWarned = time.Time{}, false
-	s.watch, s.touched, s.roundBytes, s.fullSince, s.squeezed = nil, nil, 0, time.Time{}, false
+	s.watch, s.touched, s.roundBytes, s.roundOver, s.fullSince, s.squeezed = nil, nil, 0, false, time.Time{}, false
 	for ctx.Err() == nil {
 		select {
 		case tp := <-s.overBudget:
@@ -305,7 +309,7 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 		// their partitions in runs rather than one message at a time,
 		// while the budget has room.
 		for range 1000 {
-			if s.budget.full(s.roundBytes) {
+			if s.roundOver || s.budget.full(s.roundBytes) {
 				break
 			}
 			ev := s.consumer.Poll(0)
@@ -380,9 +384,13 @@ func (s *Supervisor) handle(ev kafka.Event) (string, error) {
 		if a, ok := s.parts[tp]; ok {
 			if len(a.pending) == 0 {
 				s.touched = append(s.touched, a)
+				a.pendingBytes = 0 // emptied by a seek or a stop meanwhile
 			}
 			a.pending = append(a.pending, e)
-			s.roundBytes += recordBytes(e)
+			n := recordBytes(e)
+			s.roundBytes += n
+			a.pendingBytes += n
+			s.roundOver = s.roundOver || s.overCap(a, len(a.pending), a.pendingBytes)
 		}
 	case kafka.Error:
 		if e.IsFatal() {
@@ -414,17 +422,17 @@ func (s *Supervisor) flushPending() {
 		// A partition revoked in this round (inside Poll) is no longer
 		// in parts; one seeked has nothing pending any more.
 		if len(a.pending) == 0 || s.parts[a.tp] != a {
-			a.pending = nil
+			a.pending, a.pendingBytes = nil, 0
 			continue
 		}
-		a.held.Add(len(a.pending), messagesBytes(a.pending))
+		a.held.Add(len(a.pending), a.pendingBytes)
 		s.system.Root.Send(a.pid, &Records{Seek: a.seek, Msgs: a.pending})
-		a.pending = nil
+		a.pending, a.pendingBytes = nil, 0
 		s.watchIfOver(a)
 	}
 	clear(s.touched)
 	s.touched = s.touched[:0]
-	s.roundBytes = 0
+	s.roundBytes, s.roundOver = 0, false
 }
 
 // serveSeeks moves partitions of restarted actors back to their watermark.

@@ -102,19 +102,21 @@ func storedNext(tb testing.TB, pool *pgxpool.Pool, group string) map[int32]int64
 	return out
 }
 
-// TestBudgetBoundsWhatPartitionsHold: a slow processor, 16 partitions and
-// a backlog twelve times processing.memory_budget. What the partition
-// actors hold (every hand-over is counted, and the peak kept) never passes
-// the budget by more than one record, and every record is applied.
+// TestBudgetBoundsWhatPartitionsHold: a slow processor, 64 partitions
+// whose caps add up to eight times processing.memory_budget, and a backlog
+// seven times the budget. What the partition actors hold (every hand-over
+// is counted, and the peak kept) never passes the budget by more than one
+// record, and every record is applied.
 func TestBudgetBoundsWhatPartitionsHold(t *testing.T) {
-	const partitions, perPartition, valueBytes = 16, 500, 1000
+	const partitions, perPartition, valueBytes = 64, 300, 1000
 	_, addr := testenv.Kafka(t, partitions, topic)
 	dbURL := testenv.Postgres(t)
 	largest := produceBacklog(t, addr, partitions, perPartition, valueBytes)
 
 	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
-	cfg.Processing.MemoryBudget = 1 << 20
+	cfg.Processing.MemoryBudget = 4 << 20 // a cap of 512 KiB a partition
 	cfg.Processing.BatchSize = 100
+	cfg.Postgres.MaxConns = 16 // the server is shared
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +147,7 @@ func TestBudgetBoundsWhatPartitionsHold(t *testing.T) {
 	if peak > budget+float64(largest) {
 		t.Fatalf("partition actors held %.0f bytes at the peak; the budget is %.0f (+ one record of %d)", peak, budget, largest)
 	}
-	if peak < budget/2 {
+	if peak < budget/4 {
 		t.Errorf("peak %.0f bytes: the budget of %.0f was hardly used, the test does not test it", peak, budget)
 	}
 	t.Logf("peak held %.0f bytes of a %.0f budget (backlog %d records of about %d bytes)", peak, budget,
@@ -212,7 +214,10 @@ func TestStuckPartitionDoesNotBlockOthers(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return gauge(t, reg, "ratchet_paused_partitions") >= 1 },
 		"the stuck partition paused")
 	// What is still held is the stuck partition's: its cap (an eighth of
-	// the budget) and what reached it in the round that took it over.
+	// the budget with 8 partitions), and what librdkafka had already
+	// fetched for it when it was paused (a fetch is at most
+	// max.partition.fetch.bytes, 128 KiB, a partition), which still
+	// arrives. Far from the whole budget.
 	var peak, held float64
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		peak, held = gauge(t, reg, "ratchet_held_bytes_peak"), gauge(t, reg, "ratchet_held_bytes")
@@ -220,7 +225,7 @@ func TestStuckPartitionDoesNotBlockOthers(t *testing.T) {
 	}, "the held bytes published")
 	budget := float64(cfg.Processing.MemoryBudget)
 	if held > budget/2 {
-		t.Errorf("the stuck partition holds %.0f bytes of a %.0f budget", held, budget)
+		t.Errorf("the stuck partition holds %.0f bytes of a %.0f budget (its cap is %.0f)", held, budget, budget/8)
 	}
 	if peak > budget+float64(largest) {
 		t.Fatalf("partition actors held %.0f bytes at the peak; the budget is %.0f (+ one record of %d)", peak, budget, largest)
