@@ -299,3 +299,78 @@ func TestWarnsWhenMembersOutnumberPartitions(t *testing.T) {
 		r.stop(t)
 	}
 }
+
+// partitionPanics panics on every record of one partition: many distinct
+// records, each a fresh failure.
+type partitionPanics struct {
+	ledger
+	partition int32
+}
+
+func (p partitionPanics) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+	if b.Partition == p.partition && len(b.Records) > 0 {
+		panic("boom on partition " + b.Topic)
+	}
+	return p.ledger.Process(ctx, tx, b)
+}
+
+// TestRestartBudgetStopsTheEngine: a partition whose processor keeps
+// panicking on different records uses up supervision.max_restarts; the
+// engine then drains and flushes the other partitions and stops with an
+// error that says why (the process exits 1 and its container restarts).
+// Before, the signal was dropped: the partition stayed paused for good and
+// nothing exited.
+func TestRestartBudgetStopsTheEngine(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 4, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	g := &gen{}
+	evs := make([]*ratchetv1.Event, 4000)
+	for i := range evs {
+		evs[i] = g.next()
+	}
+	newProducer(t, addr).send(t, evs)
+
+	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	cfg.Supervision.MaxRestarts = 3
+	cfg.Supervision.Within = time.Minute
+	logs := &testenv.Buffer{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	done := make(chan error, 1)
+	go func() {
+		done <- engine.Run(context.Background(), cfg, engine.Options{Processor: partitionPanics{ledger{"a"}, 0},
+			Logger: log, Registry: prometheus.NewRegistry(), Owner: "a"})
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "restart budget") {
+			t.Fatalf("engine stopped with %v, want the restart budget error", err)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("engine did not stop within 90s")
+	}
+	if len(logs.Lines(`partition actor over its restart budget; stopping the engine`)) == 0 {
+		t.Error("no log line says why the engine stopped")
+	}
+	// The other partitions were drained and flushed: Kafka has what they
+	// applied.
+	info := cluster.GroupInfo(cfg.Kafka.GroupID)
+	for p := int32(1); p < 4; p++ {
+		var next int64
+		if err := pool.QueryRow(context.Background(),
+			`SELECT coalesce(max(off) + 1, 0) FROM test_ledger WHERE partition = $1`, p).Scan(&next); err != nil {
+			t.Fatal(err)
+		}
+		if next == 0 {
+			t.Errorf("partition %d applied nothing", p)
+			continue
+		}
+		if got := info.Commits[topic][p].Offset; got != next {
+			t.Errorf("partition %d: committed %d, applied up to %d", p, got, next)
+		}
+	}
+	if got := count(t, pool, `SELECT count(*) FROM test_ledger WHERE partition = 0`); got != 0 {
+		t.Errorf("partition 0 applied %d records", got)
+	}
+}
