@@ -3,10 +3,8 @@ package actors
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"ratchet/internal/store"
@@ -64,52 +62,34 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	defer cancel()
 	starts := s.startOffsets(ctx, c, parts)
 	list := make([]kafka.TopicPartition, 0, len(parts))
+	var held []kafka.TopicPartition
 	for i, p := range parts {
 		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 		st := starts[i]
+		if st.err == nil {
+			st.err = s.spawn(tp, st)
+		}
 		if st.err != nil {
 			// Without a claim this instance must not consume the partition
-			// (it could not be fenced). Leave it unassigned locally; the
-			// group sees it as ours, so fail loudly and let the operator or
-			// the next rebalance fix it.
-			s.cfg.Logger.Error("cannot claim partition; not consuming it", "topic", tp.Topic,
-				"partition", tp.Partition, "err", st.err)
+			// (it could not be fenced). It is assigned, so the group does
+			// not give it to anyone else, but held paused, and the claim
+			// is retried with backoff (retryClaims).
+			s.unclaim(tp, st.err)
+			list = append(list, ktp(tp, kafka.OffsetStored))
+			held = append(held, ktp(tp, kafka.OffsetInvalid))
 			continue
 		}
-		s.gen++
-		a := &assigned{tp: tp, gen: s.gen, buffered: new(atomic.Int64), progress: newProgress(st.start), epoch: claimEpoch(st.claim)}
-		a.progress.Committed.Store(st.committed)
-		pcfg := &PartitionConfig{
-			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
-			Format: s.cfg.Format(tp.Topic), NewDecoder: s.cfg.NewDecoder, BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
-			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
-			Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek,
-			PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
-		}
-		res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
-		if err != nil {
-			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", err)
-			continue
-		}
-		pid, ok := res.(*actor.PID)
-		if !ok {
-			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", res)
-			continue
-		}
-		a.pid = pid
-		s.parts[tp] = a
-		s.system.Root.Send(s.cfg.Committer, &Register{TP: tp, Gen: a.gen, Start: st.start, Committed: st.committed,
-			Progress: a.progress})
-		off := kafka.OffsetStored
-		if st.start >= 0 {
-			off = kafka.Offset(st.start)
-		}
-		list = append(list, ktp(tp, off))
+		list = append(list, ktp(tp, startAt(st.start)))
 		s.cfg.Logger.Info("partition assigned", "topic", tp.Topic, "partition", tp.Partition,
 			"offset", st.start, "epoch", claimEpoch(st.claim))
 	}
 	if err := c.IncrementalAssign(list); err != nil {
 		s.cfg.Logger.Error("incremental assign", "err", err)
+	}
+	if len(held) > 0 {
+		if err := c.Pause(held); err != nil {
+			s.cfg.Logger.Error("pause unclaimed partitions", "err", err)
+		}
 	}
 	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
 	s.snapshot()
@@ -241,6 +221,11 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 		if s.parked[tp] {
 			delete(s.parked, tp) // never consumed: nothing to drain or commit
+			continue
+		}
+		if _, ok := s.unclaimed[tp]; ok {
+			delete(s.unclaimed, tp) // never consumed either
+			s.publishUnclaimed()
 			continue
 		}
 		delete(s.returned, tp)

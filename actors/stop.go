@@ -34,6 +34,8 @@ func (s *Supervisor) stop(began time.Time) {
 		s.stopping, s.deadline = false, time.Time{}
 		clear(s.parked)
 		clear(s.returned)
+		clear(s.unclaimed) // the next consumer, if any, starts afresh
+		s.publishUnclaimed()
 	}()
 	tps := s.heldTPs()
 	s.cfg.Logger.Info("stopping: draining partitions", "partitions", len(tps))

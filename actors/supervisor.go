@@ -123,6 +123,9 @@ type Supervisor struct {
 	// applied of partitions whose assignment was lost, so that a partition
 	// that comes back resumes from there instead of from an older commit.
 	lostApplied map[TopicPartition]int64
+	// unclaimed holds the assigned partitions whose claim failed; they are
+	// paused and retried (claims.go).
+	unclaimed map[TopicPartition]*unclaimed
 }
 
 // assigned is the poll loop's record of one assigned partition.
@@ -174,6 +177,7 @@ func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor 
 		parked:      make(map[TopicPartition]bool),
 		returned:    make(map[TopicPartition]bool),
 		lostApplied: make(map[TopicPartition]int64),
+		unclaimed:   make(map[TopicPartition]*unclaimed),
 	}
 }
 
@@ -263,6 +267,7 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 			return rebuildBrokersDown, nil
 		}
 		s.serveSeeks()
+		s.retryClaims()
 		if s.backpressure() {
 			// A partition is over its bound and not yet paused: take no
 			// records for a moment (librdkafka keeps what it prefetched;
