@@ -135,6 +135,11 @@ func (e *engine) run(ctx context.Context) error {
 		return slog.New(minLevel{h: e.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	}))
 
+	// Last in the stop sequence (shared/DESIGN.md): it only closes the
+	// system's internal channel (the actors are stopped above it), and it
+	// must run once.
+	defer system.Shutdown()
+
 	var consumer atomic.Pointer[kafka.Consumer]
 	committer, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewCommitter(actors.CommitterConfig{
 		Kafka: func() actors.OffsetCommitter {
