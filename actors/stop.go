@@ -42,8 +42,11 @@ func (s *Supervisor) stop(began time.Time) {
 	s.pauseAll()
 	s.drain(tps, s.deadline, true)
 	s.commitBeforeLeaving()
+	// Close runs the revoke callback once more; it finds everything drained
+	// and committed, and may use the time Close has.
+	s.deadline = began.Add(s.cfg.DrainTimeout - reserve/2)
 	s.leave()
-	s.closeConsumer(began.Add(s.cfg.DrainTimeout - reserve/2))
+	s.closeConsumer(s.deadline)
 	s.stopPartitions(s.heldTPs(), false)
 }
 
