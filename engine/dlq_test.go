@@ -199,7 +199,7 @@ func TestPoisonGoesToTheDLQAndGoodRecordsApplyOnce(t *testing.T) {
 			r := start(t, cfg, ledger{"a"}, "a")
 			waitApplied(t, pool, int64(good))
 			got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), len(poison))
-			r.stop(t)
+			r.Stop(t)
 			assertLedgerExactlyOnce(t, pool, int64(good))
 			assertDLQHoldsExactly(t, got, poison)
 			if mode == config.ModeExactlyOnce {
@@ -255,7 +255,7 @@ func TestRetriesThenDeadLetterAfterMaxAttempts(t *testing.T) {
 	r := start(t, cfg, f, "a")
 	waitApplied(t, pool, n-1)
 	got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), 1)
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, n-1)
 	assertDLQHoldsExactly(t, got, []*rawRecord{recs[200]})
 	if got[0].headers["ratchet.attempts"] != strconv.Itoa(cfg.Retry.MaxAttempts) {
@@ -323,7 +323,7 @@ func TestDLQUnavailableBlocksThePartition(t *testing.T) {
 	fault.Remove()
 	waitApplied(t, pool, int64(n-len(poison)))
 	got := readDLQ(t, cluster, addr, dlqTopic, len(poison))
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, int64(n-len(poison)))
 	assertDLQHoldsExactly(t, got, poison)
 }

@@ -133,7 +133,7 @@ func TestSchemaRegistryFramedRecords(t *testing.T) {
 			want := expectRollups(events)
 			waitRollups(t, pool, want)
 			got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), len(poison))
-			r.stop(t)
+			r.Stop(t)
 			assertDLQHoldsExactly(t, got, poison)
 			reasons := map[string]string{}
 			for _, e := range got {
@@ -246,7 +246,7 @@ message Unused { string note = 1; }`)
 	if n := sum(series(fams, "ratchet_schema_registry_cache_hits_total")); n < float64(sent.Load()) {
 		t.Errorf("ratchet_schema_registry_cache_hits_total = %v, want at least %d", n, sent.Load())
 	}
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, sent.Load())
 	if n := dlqRecords(cluster, cfg.Kafka.DLQTopic(topic)); n != 0 {
 		t.Errorf("%d records dead-lettered", n)

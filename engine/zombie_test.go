@@ -93,7 +93,7 @@ func TestZombieInstanceIsFenced(t *testing.T) {
 		return len(zlogs.Lines(`"msg":"batch refused by the offset guard; partition stopped"`)) == 4
 	}, "all four zombie partitions refused")
 	s.stop()
-	z.stop(t)
+	z.Stop(t)
 	if after := count(t, pool, `SELECT count(*) FROM test_ledger`); after != before {
 		t.Errorf("the fenced instance committed %d rows after the new owner's claim", after-before)
 	}
