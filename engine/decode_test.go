@@ -15,6 +15,7 @@ import (
 
 	"ratchet/config"
 	"ratchet/engine"
+	"ratchet/internal/event"
 	"ratchet/internal/testenv"
 	"ratchet/processor"
 )
@@ -74,7 +75,7 @@ func produceMessages(tb testing.TB, addr string, msgs []*kafka.Message) {
 func TestRawRecordsWithMetadata(t *testing.T) {
 	_, addr := testenv.Kafka(t, 1, topic)
 	cfg := testConfig(t, addr, testenv.Postgres(t), config.ModeExactlyOnce)
-	cfg.Kafka.Format = config.FormatRaw
+	cfg.Kafka.Format = event.FormatRaw
 	p := &seen{recs: map[int64]processor.Record{}}
 	startWith(t, cfg, engine.Options{Processor: p}, testenv.Log{})
 	tp := topic
@@ -147,7 +148,7 @@ func TestCustomDecoder(t *testing.T) {
 func TestDashboardRefusesRaw(t *testing.T) {
 	cfg := config.Default()
 	cfg.Kafka.Topics = []string{"a", "b"}
-	cfg.Kafka.TopicFormats = map[string]string{"b": config.FormatRaw}
+	cfg.Kafka.TopicFormats = map[string]string{"b": event.FormatRaw}
 	err := engine.Run(context.Background(), cfg, engine.Options{Logger: testenv.Log{}.Logger()})
 	var ce *config.Error
 	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Key != "kafka.topic_formats.b" {

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"ratchet/config"
+	"ratchet/internal/event"
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
 	"ratchet/processor"
@@ -66,7 +67,7 @@ func (pr *producer) sendRaw(tb testing.TB, recs []*rawRecord) {
 
 // generate makes n records with the demo generator, poison included.
 func generate(n int, poison float64) []*rawRecord {
-	g := produce.NewGenerator(produce.Options{Seed: 7, PoisonFraction: poison, Format: "protobuf",
+	g := produce.NewGenerator(produce.Options{Seed: 7, PoisonFraction: poison, Format: event.FormatProtobuf,
 		Now: func() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) }, TimeSpread: time.Hour})
 	out := make([]*rawRecord, n)
 	for i := range out {

@@ -25,6 +25,7 @@ import (
 
 	"ratchet/config"
 	"ratchet/engine"
+	"ratchet/internal/event"
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
 	"ratchet/processor"
@@ -222,7 +223,7 @@ func (h *harness) produceN(n int, o produce.Options) {
 	if o.Seed == 0 {
 		o.Seed = seed
 	}
-	o.Format = "protobuf"
+	o.Format = event.FormatProtobuf
 	g := produce.NewGenerator(o)
 	recs := make([]*record, n)
 	for i := range recs {
