@@ -72,7 +72,7 @@ func TestRefusedClaimsAreRetried(t *testing.T) {
 	}
 	waitApplied(t, pool, n)
 	rd.waitFor(t, "ready", 30*time.Second)
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, n)
 	if got := count(t, pool, `SELECT count(*) FROM ratchet_offsets WHERE epoch >= 1`); got != 4 {
 		t.Errorf("%d of 4 partitions claimed", got)

@@ -128,7 +128,7 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 	// The page's dead-letters panel shows the reason, once, with the count.
 	var page string
 	select {
-	case page = <-eng.addr:
+	case page = <-eng.Listening():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the page does not listen")
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"ratchet/internal/event"
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
 )
@@ -116,7 +117,7 @@ func TestKillNineThreeInstancesCountsEveryEventOnce(t *testing.T) {
 	}
 
 	// The producer and the expected rollups come from the same generator.
-	opts := produce.Options{Seed: 42, Format: "protobuf", TimeSpread: 30 * time.Minute,
+	opts := produce.Options{Seed: 42, Format: event.FormatProtobuf, TimeSpread: 30 * time.Minute,
 		Now: func() time.Time { return time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC) }}
 	want := map[key]agg{}
 	g := produce.NewGenerator(opts)
