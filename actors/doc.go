@@ -159,8 +159,8 @@
 //
 // Revoke (rebalance.go) runs inside the rebalance callback, inside Poll:
 // Drain every revoked partition and wait, Flush their watermarks (retried
-// with backoff until shutdown.timeout, since inside the callback the group
-// takes commits, see group.go), Forget them in the committer, stop their
+// with backoff until the drain timeout, since inside the callback the
+// group takes commits, see group.go), Forget them in the committer, stop their
 // actors, IncrementalUnassign. A lost assignment skips the drain and the
 // commit: another member may own the partitions already.
 //
@@ -168,7 +168,10 @@
 // (Supervisor.startOffsets: exactly-once, epoch + 1 and the stored offset;
 // at-least-once, Kafka's committed offset or what this instance applied
 // before losing the partition), spawns its actor, Registers it with the
-// committer and assigns it at that explicit offset.
+// committer and assigns it at that explicit offset. A partition whose
+// claim fails is assigned but held paused, and claims.go retries it with
+// backoff from the poll loop; once claimed it is moved to its start and
+// resumed (readiness says degraded meanwhile).
 //
 // Stop (stop.go) ends the engine and every consumer rebuild (recycle, a
 // fatal error, brokers down too long): pause every partition and drop what
