@@ -8,7 +8,7 @@
 // # The actor tree
 //
 //	root (engine)
-//	├── supervisor                  supervisorActor: spawns and supervises partitions (supervisor.go)
+//	├── supervisor                  supervisorActor: spawns and supervises partitions (supervision.go)
 //	│   ├── partition-<t>-<p>-<gen> Partition: queue, cut, one batch in flight (partition.go)
 //	│   │   └── (retry)             retry: applies a batch, retries, bisects, dead-letters (retry.go)
 //	│   └── ...
