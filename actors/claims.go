@@ -48,6 +48,21 @@ func (s *Supervisor) spawn(tp TopicPartition, st startOffset) error {
 	return nil
 }
 
+// begin starts the partition actor of tp at st, or, when st carries an
+// error or the actor cannot be spawned, holds tp as unclaimed (retried
+// later). It reports whether the actor started.
+func (s *Supervisor) begin(tp TopicPartition, st startOffset) bool {
+	err := st.err
+	if err == nil {
+		err = s.spawn(tp, st)
+	}
+	if err != nil {
+		s.unclaim(tp, err)
+		return false
+	}
+	return true
+}
+
 // startAt is the position to assign or seek a partition to: its start
 // offset, or the committed offset (else auto.offset.reset) when none is
 // known.
@@ -98,11 +113,7 @@ func (s *Supervisor) retryClaims() {
 	for i, p := range due {
 		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 		st := starts[i]
-		if st.err == nil {
-			st.err = s.spawn(tp, st)
-		}
-		if st.err != nil {
-			s.unclaim(tp, st.err)
+		if !s.begin(tp, st) {
 			continue
 		}
 		delete(s.unclaimed, tp)

@@ -66,15 +66,11 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	for i, p := range parts {
 		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 		st := starts[i]
-		if st.err == nil {
-			st.err = s.spawn(tp, st)
-		}
-		if st.err != nil {
+		if !s.begin(tp, st) {
 			// Without a claim this instance must not consume the partition
 			// (it could not be fenced). It is assigned, so the group does
 			// not give it to anyone else, but held paused, and the claim
 			// is retried with backoff (retryClaims).
-			s.unclaim(tp, st.err)
 			list = append(list, ktp(tp, kafka.OffsetStored))
 			held = append(held, ktp(tp, kafka.OffsetInvalid))
 			continue

@@ -1,7 +1,6 @@
 package crash
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,8 +9,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
@@ -60,16 +57,7 @@ func TestSIGTERMDuringRebalanceExitsInTimeAndReplaysNothing(t *testing.T) {
 		stopped.Go(func() { termWithin(t, in, shutdown) })
 	}
 	produced.Wait()
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	total := func() int64 {
-		var n int64
-		_ = pool.QueryRow(context.Background(), `SELECT coalesce(sum(count),0) FROM dashboard_rollups`).Scan(&n)
-		return n
-	}
+	_, total := counted(t, dbURL)
 	testenv.Eventually(t, 180*time.Second, func() bool { return total() >= events },
 		"all %d events counted (have %d)", events, total())
 	for _, in := range insts {
