@@ -134,47 +134,35 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 		}
 		if s.cfg.Claim == nil {
 			tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
-			start := committed[i]
-			if applied, ok := s.lostApplied[tp]; ok {
-				// This instance applied up to there before it lost the
-				// partition; whoever held it since committed committed[i].
-				// Every record below the higher of the two was applied.
-				delete(s.lostApplied, tp)
-				if applied > start && applied <= high {
-					s.cfg.Logger.Info("partition came back after its assignment was lost; resuming after what this instance applied",
-						"topic", tp.Topic, "partition", tp.Partition, "offset", applied, "kafka_committed", committed[i])
-					start = applied
-				}
+			applied, lost := s.lostApplied[tp]
+			delete(s.lostApplied, tp)
+			pos := resumeAtLeastOnce(committed[i], applied, lost, low, high)
+			if pos.Resumed {
+				s.cfg.Logger.Info("partition came back after its assignment was lost; resuming after what this instance applied",
+					"topic", tp.Topic, "partition", tp.Partition, "offset", pos.Start, "kafka_committed", committed[i])
 			}
-			if start > high {
-				s.pastEnd(*p.Topic, p.Partition, start, low, high)
-				start = low
+			if pos.PastEnd {
+				s.pastEnd(*p.Topic, p.Partition, committed[i], low, high)
 			}
-			out[i] = startOffset{start: start, committed: committed[i]}
+			out[i] = startOffset{start: pos.Start, committed: committed[i]}
 			continue
 		}
-		fallback := committed[i]
-		if fallback < 0 || fallback > high {
-			fallback = low
-			if s.cfg.AutoOffsetReset == "latest" {
-				fallback = high
-			}
-		}
-		cl, err := s.cfg.Claim(ctx, *p.Topic, p.Partition, fallback)
+		cl, err := s.cfg.Claim(ctx, *p.Topic, p.Partition, claimFallback(committed[i], low, high, s.cfg.AutoOffsetReset))
 		if err != nil {
 			out[i] = startOffset{err: err}
 			continue
 		}
-		if cl.Next > high {
+		switch pos := resumeClaimed(cl.Next, low, high); {
+		case pos.PastEnd:
 			s.pastEnd(*p.Topic, p.Partition, cl.Next, low, high)
-			if cl, err = s.cfg.Reposition(ctx, cl, low); err != nil {
+			if cl, err = s.cfg.Reposition(ctx, cl, pos.Start); err != nil {
 				out[i] = startOffset{err: err}
 				continue
 			}
-		} else if cl.Next < low {
+		case pos.Deleted > 0:
 			s.cfg.Logger.Error("records were deleted by retention before they were applied",
 				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "log_start", low,
-				"lost", low-cl.Next)
+				"lost", pos.Deleted)
 		}
 		if committed[i] >= 0 && committed[i] != cl.Next {
 			// The difference is what Kafka's committed offset alone would
