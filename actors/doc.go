@@ -131,7 +131,7 @@
 //
 // A record goes to the dead-letter topic from two places: the partition
 // when a value does not decode (step 3) and the retry actor when isolation
-// pins a batch's failure on it (step 5). Both call sendDeadLetters, which
+// pins a batch's failure on it (step 5). Both call sendDeadLetters (deadletter.go, with the rest of the plumbing), which
 // logs the letter, runs DLQClient.DeadLetter on a goroutine and hands back
 // a dlqWait to wait on plus the rows that record the letters in
 // ratchet_dead_letters in the next transaction. DLQClient asks the DLQ
