@@ -111,6 +111,10 @@ func churn(t *testing.T, broker, mode string, static bool) {
 	cfg.Kafka.GroupID = "churn"
 	cfg.Shutdown.Timeout = 10 * time.Second
 	cfg.Commit.Interval = 500 * time.Millisecond
+	// Four members at partitions+4 connections each, beside the other test
+	// packages that go test runs at the same time, would crowd PostgreSQL's
+	// 100 connections; a member needs only a few.
+	cfg.Postgres.MaxConns = 6
 	cfg.Kafka.Properties = map[string]string{}
 	if broker == "mock" {
 		// The mock coordinator waits session.timeout.ms less a second for

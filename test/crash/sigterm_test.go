@@ -33,6 +33,7 @@ func TestSIGTERMDuringRebalanceExitsInTimeAndReplaysNothing(t *testing.T) {
 	env := []string{
 		"RATCHET_KAFKA_BROKERS=" + addr, "RATCHET_POSTGRES_URL=" + dbURL, "RATCHET_COMMIT_MODE=at-least-once",
 		"RATCHET_HTTP_ADDR=", "RATCHET_SHUTDOWN_TIMEOUT=" + shutdown.String(), "RATCHET_COMMIT_INTERVAL=500ms",
+		"RATCHET_POSTGRES_MAX_CONNS=6", // four processes beside other test packages: stay well inside 100 connections
 	}
 	opts := produce.Options{Seed: 7, Format: "protobuf", TimeSpread: 30 * time.Minute,
 		Now: func() time.Time { return time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC) }}
