@@ -36,6 +36,8 @@ include proto.mk
 include mk/image.mk
 include mk/bench.mk
 
-## soak: 10 minutes under load with a chaos event every 30 s (RATCHET_SOAK_DURATION to change).
+## soak: 10 minutes under load with a chaos event every 30 s (RATCHET_SOAK_DURATION to change), then the
+## membership churn and rolling restart tests five times each with 60 membership changes a run.
 soak:
 	RATCHET_SOAK=1 $(GO) test -count=1 -timeout 40m -run TestSoak -v ./test/faults/
+	RATCHET_CHURN_EVENTS=60 $(GO) test -race -count=5 -timeout 90m -run 'TestChurnWithOverlapReplaysNothing|TestRollingRestartOfStaticMembers' ./engine/

@@ -85,9 +85,7 @@ type claimed struct {
 // claimAll claims, in exactly-once mode, every partition of parts whose
 // watermarks are known, with one ClaimFunc call (one statement for up to
 // 1024 partitions). A partition the store has never seen starts at
-// Kafka's committed offset when it is within the log, else at the log
-// start (the end with auto.offset.reset latest). It returns nil in
-// at-least-once mode.
+// claimFallback. It returns nil in at-least-once mode.
 func (s *Supervisor) claimAll(ctx context.Context, parts []kafka.TopicPartition, committed []int64, marks []watermark) []claimed {
 	if s.cfg.Claim == nil {
 		return nil
@@ -99,13 +97,7 @@ func (s *Supervisor) claimAll(ctx context.Context, parts []kafka.TopicPartition,
 		if marks[i].err != nil {
 			continue
 		}
-		fallback := committed[i]
-		if fallback < 0 || fallback > marks[i].high {
-			fallback = marks[i].low
-			if s.cfg.AutoOffsetReset == "latest" {
-				fallback = marks[i].high
-			}
-		}
+		fallback := claimFallback(committed[i], marks[i].low, marks[i].high, s.cfg.AutoOffsetReset)
 		reqs = append(reqs, store.ClaimRequest{Topic: *p.Topic, Partition: p.Partition, Fallback: fallback})
 		at = append(at, i)
 	}

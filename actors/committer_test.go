@@ -168,3 +168,46 @@ func TestBackoffGrowsAndStaysCapped(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedCommitIsRetriedOnceRejoined: a periodic commit the group
+// refuses because it rebalances is counted by reason and made again as soon
+// as the member has rejoined, not a whole interval later.
+func TestRefusedCommitIsRetriedOnceRejoined(t *testing.T) {
+	sys, pid, fk, m := newTestCommitter(t, time.Hour)
+	tp := TopicPartition{"events", 0}
+	sys.Root.Send(pid, &Register{TP: tp, Gen: 1, Start: 0})
+	sys.Root.Send(pid, &OffsetApplied{TP: tp, Gen: 1, Next: 10})
+	fk.mu.Lock()
+	fk.fail[0] = kafka.NewError(kafka.ErrRebalanceInProgress, "Broker: Group rebalance in progress", false)
+	fk.mu.Unlock()
+	sys.Root.Send(pid, &commitTick{}) // the interval elapsed
+	waitRequests(t, fk, 1)
+	if got := testutil.ToFloat64(m.Commits.WithLabelValues("group_rebalancing")); got != 1 {
+		t.Errorf("commits refused for rebalancing: %v, want 1", got)
+	}
+	fk.mu.Lock()
+	delete(fk.fail, 0)
+	fk.mu.Unlock()
+	sys.Root.Send(pid, &Rejoined{})
+	waitRequests(t, fk, 2)
+	if got := fk.snapshot()[1]; len(got) != 1 || got[0].Offset != 10 {
+		t.Errorf("retried commit: %v, want events[0]@10", got)
+	}
+	// A rejoin with nothing refused commits nothing.
+	sys.Root.Send(pid, &Rejoined{})
+	f := flush(t, sys, pid, &Flush{})
+	if f.Err != nil || len(f.Pending) != 0 || len(fk.snapshot()) != 2 {
+		t.Errorf("after the retry: err %v, pending %v, %d requests", f.Err, f.Pending, len(fk.snapshot()))
+	}
+}
+
+func waitRequests(tb testing.TB, fk *fakeKafka, n int) {
+	tb.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(fk.snapshot()) < n {
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d commit requests within 5s, want %d", len(fk.snapshot()), n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval
+	}
+}

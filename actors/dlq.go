@@ -1,10 +1,7 @@
 package actors
 
 import (
-	"cmp"
-	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -273,67 +270,3 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
-
-// DLQClient is the DeadLetterer the retry actors use: it asks the DLQ actor
-// and waits for every delivery.
-type DLQClient struct {
-	Root *actor.RootContext
-	PID  *actor.PID
-	// Timeout bounds the wait for one request (zero: DefaultDLQTimeout).
-	// A request that takes longer is cancelled and fails: the batch it
-	// belongs to is read again and its letters are sent again, so a DLQ
-	// that cannot be written still blocks the partition, and no goroutine
-	// waits on it for ever.
-	Timeout time.Duration
-}
-
-// DefaultDLQTimeout is DLQClient's Timeout when none is set.
-const DefaultDLQTimeout = 2 * time.Minute
-
-// DeadLetter implements DeadLetterer. It returns when every letter is
-// durable, the DLQ actor failed the request (it stopped), the timeout
-// passed, or ctx ended; in the last two cases it cancels the request, so
-// the DLQ actor stops retrying it and its future completes.
-func (d DLQClient) DeadLetter(ctx context.Context, letters []Letter) error {
-	if len(letters) == 0 {
-		return nil
-	}
-	timeout := cmp.Or(d.Timeout, DefaultDLQTimeout)
-	req := &deadLetterRequest{letters: letters}
-	f := d.Root.RequestFuture(d.PID, req, timeout)
-	done := make(chan error, 1)
-	go func() { // ends when the future completes: the DLQ answers or fails the request, is gone, or the timeout passes
-		res, err := f.Result()
-		if err == nil {
-			switch r := res.(type) {
-			case *deadLettered:
-			case *deadLetterFailed:
-				err = r.err
-			default:
-				err = fmt.Errorf("unexpected reply %T", res)
-			}
-		}
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if errors.Is(err, actor.ErrTimeout) {
-			d.Root.Send(d.PID, &cancelDeadLetter{req: req})
-			return fmt.Errorf("dead letter: no delivery within %s: %w", timeout, err)
-		}
-		if err != nil {
-			return fmt.Errorf("dead letter: %w", err)
-		}
-		return nil
-	case <-ctx.Done():
-		d.Root.Send(d.PID, &cancelDeadLetter{req: req})
-		return ctx.Err()
-	}
-}
-
-// DiscardDLQ is a DeadLetterer for processors run without a dead-letter
-// topic (tests, library use): the record is only logged and counted.
-type DiscardDLQ struct{}
-
-// DeadLetter implements DeadLetterer.
-func (DiscardDLQ) DeadLetter(context.Context, []Letter) error { return nil }

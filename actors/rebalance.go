@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"ratchet/internal/store"
@@ -63,52 +62,30 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	defer cancel()
 	starts := s.startOffsets(ctx, c, parts)
 	list := make([]kafka.TopicPartition, 0, len(parts))
+	var held []kafka.TopicPartition
 	for i, p := range parts {
 		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 		st := starts[i]
-		if st.err != nil {
+		if !s.begin(tp, st) {
 			// Without a claim this instance must not consume the partition
-			// (it could not be fenced). Leave it unassigned locally; the
-			// group sees it as ours, so fail loudly and let the operator or
-			// the next rebalance fix it.
-			s.cfg.Logger.Error("cannot claim partition; not consuming it", "topic", tp.Topic,
-				"partition", tp.Partition, "err", st.err)
+			// (it could not be fenced). It is assigned, so the group does
+			// not give it to anyone else, but held paused, and the claim
+			// is retried with backoff (retryClaims).
+			list = append(list, ktp(tp, kafka.OffsetStored))
+			held = append(held, ktp(tp, kafka.OffsetInvalid))
 			continue
 		}
-		s.gen++
-		a := &assigned{tp: tp, gen: s.gen, held: NewHeld(s.budget), progress: newProgress(st.start), epoch: claimEpoch(st.claim)}
-		a.progress.Committed.Store(st.committed)
-		pcfg := &PartitionConfig{
-			TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
-			Format: s.cfg.Format(tp.Topic), NewDecoder: s.cfg.NewDecoder, BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
-			Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
-			Held: a.held, Progress: a.progress, Seek: s.requestSeek,
-			PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
-		}
-		res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
-		if err != nil {
-			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", err)
-			continue
-		}
-		pid, ok := res.(*actor.PID)
-		if !ok {
-			s.cfg.Logger.Error("spawn partition actor", "topic", tp.Topic, "partition", tp.Partition, "err", res)
-			continue
-		}
-		a.pid = pid
-		s.parts[tp] = a
-		s.system.Root.Send(s.cfg.Committer, &Register{TP: tp, Gen: a.gen, Start: st.start, Committed: st.committed,
-			Progress: a.progress})
-		off := kafka.OffsetStored
-		if st.start >= 0 {
-			off = kafka.Offset(st.start)
-		}
-		list = append(list, ktp(tp, off))
+		list = append(list, ktp(tp, startAt(st.start)))
 		s.cfg.Logger.Info("partition assigned", "topic", tp.Topic, "partition", tp.Partition,
 			"offset", st.start, "epoch", claimEpoch(st.claim))
 	}
 	if err := c.IncrementalAssign(list); err != nil {
 		s.cfg.Logger.Error("incremental assign", "err", err)
+	}
+	if len(held) > 0 {
+		if err := c.Pause(held); err != nil {
+			s.cfg.Logger.Error("pause unclaimed partitions", "err", err)
+		}
 	}
 	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
 	s.snapshot()
@@ -159,23 +136,17 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 		}
 		if s.cfg.Claim == nil {
 			tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
-			start := committed[i]
-			if applied, ok := s.lostApplied[tp]; ok {
-				// This instance applied up to there before it lost the
-				// partition; whoever held it since committed committed[i].
-				// Every record below the higher of the two was applied.
-				delete(s.lostApplied, tp)
-				if applied > start && applied <= high {
-					s.cfg.Logger.Info("partition came back after its assignment was lost; resuming after what this instance applied",
-						"topic", tp.Topic, "partition", tp.Partition, "offset", applied, "kafka_committed", committed[i])
-					start = applied
-				}
+			applied, lost := s.lostApplied[tp]
+			delete(s.lostApplied, tp)
+			pos := resumeAtLeastOnce(committed[i], applied, lost, low, high)
+			if pos.Resumed {
+				s.cfg.Logger.Info("partition came back after its assignment was lost; resuming after what this instance applied",
+					"topic", tp.Topic, "partition", tp.Partition, "offset", pos.Start, "kafka_committed", committed[i])
 			}
-			if start > high {
-				s.pastEnd(*p.Topic, p.Partition, start, low, high)
-				start = low
+			if pos.PastEnd {
+				s.pastEnd(*p.Topic, p.Partition, committed[i], low, high)
 			}
-			out[i] = startOffset{start: start, committed: committed[i]}
+			out[i] = startOffset{start: pos.Start, committed: committed[i]}
 			continue
 		}
 		cl, err := claims[i].claim, claims[i].err
@@ -183,16 +154,17 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 			out[i] = startOffset{err: err}
 			continue
 		}
-		if cl.Next > high {
+		switch pos := resumeClaimed(cl.Next, low, high); {
+		case pos.PastEnd:
 			s.pastEnd(*p.Topic, p.Partition, cl.Next, low, high)
-			if cl, err = s.cfg.Reposition(ctx, cl, low); err != nil {
+			if cl, err = s.cfg.Reposition(ctx, cl, pos.Start); err != nil {
 				out[i] = startOffset{err: err}
 				continue
 			}
-		} else if cl.Next < low {
+		case pos.Deleted > 0:
 			s.cfg.Logger.Error("records were deleted by retention before they were applied",
 				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "log_start", low,
-				"lost", low-cl.Next)
+				"lost", pos.Deleted)
 		}
 		if committed[i] >= 0 && committed[i] != cl.Next {
 			// The difference is what Kafka's committed offset alone would
@@ -235,6 +207,11 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 		if s.parked[tp] {
 			delete(s.parked, tp) // never consumed: nothing to drain or commit
+			continue
+		}
+		if _, ok := s.unclaimed[tp]; ok {
+			delete(s.unclaimed, tp) // never consumed either
+			s.publishUnclaimed()
 			continue
 		}
 		delete(s.returned, tp)

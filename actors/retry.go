@@ -10,7 +10,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"ratchet/internal/event"
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
 	"ratchet/processor"
@@ -44,13 +43,6 @@ func (r RetryPolicy) Backoff(attempt int) time.Duration {
 	return half + rand.N(d-half+1)
 }
 
-// DeadLetterer hands records that can never be applied to the dead-letter
-// topic and returns once all are durable there. It blocks (retrying) rather
-// than drop anything; it returns an error only when ctx ends.
-type DeadLetterer interface {
-	DeadLetter(ctx context.Context, letters []Letter) error
-}
-
 // PanicError is a panic recovered from a processor, with its stack.
 type PanicError struct {
 	Value  any
@@ -59,14 +51,6 @@ type PanicError struct {
 }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("processor panic: %v", e.Value) }
-
-// errDeadLetter marks a dead-letter write that failed (the DLQ actor
-// stopped, or the wait timed out) while the batch's context is alive. The
-// batch cannot go on without those letters, and retrying or isolating it
-// would only find the same failed write (and, isolating, dead-letter good
-// records for it): the batch is given back to the partition, which reads
-// its range again.
-var errDeadLetter = errors.New("dead-letter write failed")
 
 // isPanic reports whether err carries a *PanicError.
 func isPanic(err error) bool {
@@ -117,21 +101,6 @@ type retry struct {
 	// started when the partition cut the batch; no transaction of the
 	// batch begins before it is done. nil when there is none.
 	inFlight *dlqWait
-}
-
-// dlqWait is a dead-letter request under way.
-type dlqWait struct {
-	done chan struct{}
-	err  error
-}
-
-func (w *dlqWait) wait(ctx context.Context) error {
-	select {
-	case <-w.done:
-		return w.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -305,45 +274,6 @@ func (r *retry) deadLetterAsync(letters []Letter) *dlqWait {
 	w, rows := sendDeadLetters(r.ctx, r.cfg, letters)
 	r.unrecorded = append(r.unrecorded, rows...)
 	return w
-}
-
-// sendDeadLetters starts writing letters to the partition's dead-letter
-// topic and returns the delivery to wait for and the rows that record the
-// letters in PostgreSQL. The write ends when the DLQ answered or ctx (the
-// partition incarnation's life) ended.
-func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, letters []Letter) (*dlqWait, []store.DeadLetter) {
-	now := time.Now()
-	rows := make([]store.DeadLetter, 0, len(letters))
-	for i := range letters {
-		letters[i].FailedAt = now
-		l := letters[i]
-		cfg.Logger.Warn("dead letter", "actor", "retry", "topic", l.Record.Topic, "partition", l.Record.Partition,
-			"offset", l.Record.Offset, "attempts", l.Attempts, "reason", l.Reason.Error())
-		rows = append(rows, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
-			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt})
-	}
-	w := &dlqWait{done: make(chan struct{})}
-	go func() { // ends when the DLQ answered or ctx ended
-		defer close(w.done)
-		if err := cfg.DLQ.DeadLetter(ctx, letters); err != nil {
-			w.err = fmt.Errorf("dead letter %s[%d]: %w", letters[0].Record.Topic, letters[0].Record.Partition, err)
-			if ctx.Err() == nil {
-				w.err = fmt.Errorf("%w: %w", errDeadLetter, w.err)
-			}
-			return
-		}
-		cfg.Metrics.DeadLetters.WithLabelValues(letters[0].Record.Topic).Add(float64(len(letters)))
-		cfg.Progress.DeadLetters.Add(int64(len(letters)))
-		for _, l := range letters {
-			// Poison: the value did not decode or broke a rule of the
-			// event contract (not a record the processor refused).
-			var pe *event.Error
-			if errors.As(l.Reason, &pe) {
-				cfg.Metrics.Poison.WithLabelValues(l.Record.Topic, string(pe.Kind)).Inc()
-			}
-		}
-	}()
-	return w, rows
 }
 
 func (r *retry) observe(b processor.Batch, began time.Time) {

@@ -63,6 +63,24 @@ type Board struct {
 	mu    sync.Mutex
 	parts []PartitionSnapshot
 	at    time.Time
+	// unclaimed counts assigned partitions held paused because their
+	// claim failed; unclaimedWhy names one of them and the error.
+	unclaimed    int
+	unclaimedWhy string
+}
+
+// Unclaimed returns how many assigned partitions wait for their claim to
+// succeed, and why one of them does.
+func (b *Board) Unclaimed() (int, string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.unclaimed, b.unclaimedWhy
+}
+
+func (b *Board) setUnclaimed(n int, why string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.unclaimed, b.unclaimedWhy = n, why
 }
 
 // Phase returns the current phase.

@@ -34,14 +34,19 @@ func (s *Supervisor) stop(began time.Time) {
 		s.stopping, s.deadline = false, time.Time{}
 		clear(s.parked)
 		clear(s.returned)
+		clear(s.unclaimed) // the next consumer, if any, starts afresh
+		s.publishUnclaimed()
 	}()
 	tps := s.heldTPs()
 	s.cfg.Logger.Info("stopping: draining partitions", "partitions", len(tps))
 	s.pauseAll()
 	s.drain(tps, s.deadline, true)
 	s.commitBeforeLeaving()
+	// Close runs the revoke callback once more; it finds everything drained
+	// and committed, and may use the time Close has.
+	s.deadline = began.Add(s.cfg.DrainTimeout - reserve/2)
 	s.leave()
-	s.closeConsumer(began.Add(s.cfg.DrainTimeout - reserve/2))
+	s.closeConsumer(s.deadline)
 	s.stopPartitions(s.heldTPs(), false)
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,6 +145,9 @@ type Supervisor struct {
 	// applied of partitions whose assignment was lost, so that a partition
 	// that comes back resumes from there instead of from an older commit.
 	lostApplied map[TopicPartition]int64
+	// unclaimed holds the assigned partitions whose claim failed; they are
+	// paused and retried (claims.go).
+	unclaimed map[TopicPartition]*unclaimed
 }
 
 // assigned is the poll loop's record of one assigned partition.
@@ -198,6 +200,7 @@ func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor 
 		returned:    make(map[TopicPartition]bool),
 		lostApplied: make(map[TopicPartition]int64),
 		budget:      NewBudget(cfg.MemoryBudget),
+		unclaimed:   make(map[TopicPartition]*unclaimed),
 	}
 }
 
@@ -292,6 +295,7 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 			return rebuildBrokersDown, nil
 		}
 		s.serveSeeks()
+		s.retryClaims()
 		if s.backpressure() {
 			// A partition is over its cap and not yet paused, or the
 			// budget is full: take no records for a moment (librdkafka
@@ -546,89 +550,4 @@ func abs(v int64) int64 {
 		return -v
 	}
 	return v
-}
-
-// spawnPartition asks the supervisor actor to spawn a partition actor as
-// its child. Sent by the poll loop with RequestFuture; the reply is *actor.PID.
-type spawnPartition struct{ cfg *PartitionConfig }
-
-// supervisorActor is the parent of the partition actors: spawning them as
-// its children puts their failures under its strategy. The assertion keeps
-// a signature drift from silently falling back to protoactor's default
-// strategy.
-var _ actor.SupervisorStrategy = (*supervisorActor)(nil)
-
-// supervisorActor is the parent of the partition actors.
-type supervisorActor struct {
-	cfg        *SupervisorConfig
-	children   map[string]child // by child id
-	overBudget chan<- TopicPartition
-}
-
-type child struct {
-	tp       TopicPartition
-	progress *Progress
-}
-
-// Receive implements actor.Actor.
-func (a *supervisorActor) Receive(c actor.Context) {
-	switch msg := c.Message().(type) {
-	case *spawnPartition:
-		name := fmt.Sprintf("partition-%s-%d-%d", msg.cfg.TP.Topic, msg.cfg.TP.Partition, msg.cfg.Gen)
-		props := actor.PropsFromProducer(NewPartition(msg.cfg))
-		pid, err := c.SpawnNamed(props, name)
-		if err != nil {
-			c.Respond(err)
-			return
-		}
-		a.children[pid.Id] = child{tp: msg.cfg.TP, progress: msg.cfg.Progress}
-		c.Respond(pid)
-	case *actor.Terminated:
-		delete(a.children, msg.Who.Id)
-	}
-}
-
-// HandleFailure implements actor.SupervisorStrategy for the partition
-// actors: one-for-one, restart within the budget (MaxRestarts within
-// RestartWindow), stop past it. Every decision is logged, with the stack
-// of a recovered panic at debug level, and restarts are counted.
-func (a *supervisorActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID,
-	rs *actor.RestartStatistics, reason any, message any) {
-	rs.Fail()
-	n := rs.NumberOfFailures(a.cfg.RestartWindow)
-	ch := a.children[child.Id]
-	log := a.cfg.Logger.With("actor", "partition", "topic", ch.tp.Topic, "partition", ch.tp.Partition,
-		"reason", fmt.Sprint(reason), "restarts", n)
-	var stack []byte
-	switch r := reason.(type) {
-	case *PanicError:
-		log, stack = log.With("offset", r.Offset), r.Stack
-	default:
-		stack = debug.Stack()
-		if rs, ok := message.(*Records); ok && len(rs.Msgs) > 0 {
-			log = log.With("offset", int64(rs.Msgs[0].TopicPartition.Offset))
-		}
-	}
-	a.cfg.Logger.Debug("partition actor failure stack", "topic", ch.tp.Topic, "partition", ch.tp.Partition,
-		"stack", string(stack))
-	if n > a.cfg.MaxRestarts {
-		// Policy: a partition that keeps failing on different records is
-		// not healthy, and skipping it would lose records. Stop it and stop
-		// the process non-zero (after draining the others) so that the
-		// container restarts and the group re-balances.
-		log.Error("partition actor over its restart budget; stopping the engine",
-			"budget", a.cfg.MaxRestarts, "window", a.cfg.RestartWindow.String())
-		sup.StopChildren(child)
-		select {
-		case a.overBudget <- ch.tp:
-		default:
-		}
-		return
-	}
-	a.cfg.Metrics.Restarts.WithLabelValues("partition").Inc()
-	if ch.progress != nil {
-		ch.progress.Restarts.Add(1)
-	}
-	log.Warn("partition actor restarted")
-	sup.RestartChildren(child)
 }

@@ -21,20 +21,14 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"ratchet/internal/event"
 )
 
 // Commit modes (commit.mode).
 const (
 	ModeExactlyOnce = "exactly-once"
 	ModeAtLeastOnce = "at-least-once"
-)
-
-// Value formats (kafka.format, kafka.topic_formats).
-const (
-	FormatProtobuf = "protobuf"
-	FormatJSON     = "json"
-	// FormatRaw passes values undecoded to a custom processor.
-	FormatRaw = "raw"
 )
 
 // Config is the whole configuration. Build it with Default or Load; a value
@@ -57,7 +51,7 @@ type Kafka struct {
 	Brokers      []string          // kafka.brokers, host:port
 	GroupID      string            // kafka.group_id
 	Topics       []string          // kafka.topics
-	Format       string            // kafka.format, FormatProtobuf, FormatJSON or FormatRaw
+	Format       string            // kafka.format: event.FormatProtobuf, event.FormatJSON or event.FormatRaw
 	TopicFormats map[string]string // kafka.topic_formats, per-topic Format override
 	DLQTopicName string            // kafka.dlq_topic; empty means <topic>.dlq (see DLQTopic)
 	InstanceID   string            // kafka.instance_id, group.instance.id when set
@@ -207,7 +201,7 @@ func Default() Config {
 			Brokers:         []string{"localhost:9092"},
 			GroupID:         "ratchet",
 			Topics:          []string{"events"},
-			Format:          FormatProtobuf,
+			Format:          event.FormatProtobuf,
 			TopicFormats:    map[string]string{},
 			Properties:      Properties{},
 			AutoOffsetReset: "earliest",

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"ratchet/internal/event"
 )
 
 // Problem is one thing wrong with a configuration. Its Error is one line:
@@ -218,12 +220,12 @@ func (c Config) validateKafka(v *validator) {
 		}
 	}
 
-	v.oneOf("kafka.format", k.Format, FormatProtobuf, FormatJSON, FormatRaw)
+	v.oneOf("kafka.format", k.Format, event.FormatProtobuf, event.FormatJSON, event.FormatRaw)
 	for _, t := range sortedKeys(k.TopicFormats) {
 		if !seen[t] {
 			v.bad("kafka.topic_formats", t, "topics listed in kafka.topics ("+strings.Join(k.Topics, ", ")+")")
 		}
-		v.oneOf("kafka.topic_formats."+t, k.TopicFormats[t], FormatProtobuf, FormatJSON, FormatRaw)
+		v.oneOf("kafka.topic_formats."+t, k.TopicFormats[t], event.FormatProtobuf, event.FormatJSON, event.FormatRaw)
 	}
 	if d := k.DLQTopicName; d != "" {
 		switch {

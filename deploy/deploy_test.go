@@ -36,7 +36,7 @@ const (
 	dockerignore   = ".dockerignore"
 	imageMakefile  = "mk/image.mk"
 	k8sDir         = "deploy/k8s"
-	containersDoc  = "README.md" // its container section
+	containersDoc  = "deploy/README.md" // the container image, compose and Kubernetes
 	partitionsNote = "ratchet/partitions"
 	// httpShutdown is how long the HTTP server waits for open requests
 	// after the drain (internal/web: shutdownTimeout).
@@ -48,7 +48,7 @@ const (
 var notConfig = map[string]string{
 	"RATCHET_HTTP_SERVICE_HOST": "a Kubernetes service link variable, named where enableServiceLinks is explained",
 	"RATCHET_SECTION_KEY":       "the README's pattern for naming variables",
-	"RATCHET_ARTIFACTS_DIR":     "where tests write artifacts (README, Tests)",
+	"RATCHET_ARTIFACTS_DIR":     "where tests write artifacts (docs/testing.md)",
 	"RATCHET_TEST_POSTGRES_URL": "the tests' PostgreSQL server (README, Quick start)",
 }
 
@@ -1185,8 +1185,18 @@ func TestK8sServiceLinksCannotCollide(t *testing.T) {
 // their documentation against the configuration reference.
 func TestEnvNamesExist(t *testing.T) {
 	known := envNames()
-	files := []string{composeFile, dockerfile, imageMakefile, containersDoc}
-	err := filepath.WalkDir(filepath.Join(root(t), k8sDir), func(path string, d os.DirEntry, err error) error {
+	// The README and docs/ name variables too (configuration, operations,
+	// tests); a name that drifts there misleads as much as in a manifest.
+	files := []string{composeFile, dockerfile, imageMakefile, containersDoc, "README.md", "bench/README.md"}
+	docs, err := filepath.Glob(filepath.Join(root(t), "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range docs {
+		rel, _ := filepath.Rel(root(t), d)
+		files = append(files, rel)
+	}
+	err = filepath.WalkDir(filepath.Join(root(t), k8sDir), func(path string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
 			rel, _ := filepath.Rel(root(t), path)
 			files = append(files, rel)

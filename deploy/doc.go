@@ -6,4 +6,6 @@
 // counts against the partition counts, and the grace periods against
 // shutdown.timeout. A second test builds the fully static binary the image
 // runs (`make image-binary`) and runs it against kfake and PostgreSQL.
+// README.md beside them documents the image, compose, scaling and
+// Kubernetes; its RATCHET_* names are checked too.
 package deploy

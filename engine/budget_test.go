@@ -125,7 +125,7 @@ func TestBudgetBoundsWhatPartitionsHold(t *testing.T) {
 		return err
 	}}
 	reg := prometheus.NewRegistry()
-	startWith(t, cfg, engine.Options{Processor: slow, Registry: reg, Owner: "budget"})
+	startWith(t, cfg, engine.Options{Processor: slow, Registry: reg, Owner: "budget"}, testenv.Log{})
 
 	pool := openPool(t, dbURL)
 	testenv.Eventually(t, 2*time.Minute, func() bool {
@@ -190,7 +190,7 @@ func TestStuckPartitionDoesNotBlockOthers(t *testing.T) {
 	}
 	stuck := stuckProcessor{release: make(chan struct{})}
 	reg := prometheus.NewRegistry()
-	startWith(t, cfg, engine.Options{Processor: stuck, Registry: reg, Owner: "stuck"})
+	startWith(t, cfg, engine.Options{Processor: stuck, Registry: reg, Owner: "stuck"}, testenv.Log{})
 	released := false
 	defer func() {
 		if !released {

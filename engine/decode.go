@@ -41,12 +41,12 @@ func checkFormats(cfg config.Config, opts Options) error {
 	}
 	allowed := fmt.Sprintf("protobuf or json: the %s processor reads ratchet.v1.Event (raw is for custom processors)", opts.Processor.Name())
 	var ps []config.Problem
-	if cfg.Kafka.Format == config.FormatRaw {
-		ps = append(ps, config.Problem{Key: "kafka.format", Value: config.FormatRaw, Allowed: allowed})
+	if cfg.Kafka.Format == event.FormatRaw {
+		ps = append(ps, config.Problem{Key: "kafka.format", Value: event.FormatRaw, Allowed: allowed})
 	}
 	for _, t := range cfg.Kafka.Topics {
-		if f, ok := cfg.Kafka.TopicFormats[t]; ok && f == config.FormatRaw {
-			ps = append(ps, config.Problem{Key: "kafka.topic_formats." + t, Value: config.FormatRaw, Allowed: allowed})
+		if f, ok := cfg.Kafka.TopicFormats[t]; ok && f == event.FormatRaw {
+			ps = append(ps, config.Problem{Key: "kafka.topic_formats." + t, Value: event.FormatRaw, Allowed: allowed})
 		}
 	}
 	if len(ps) > 0 {
@@ -72,7 +72,7 @@ func newDecoders(cfg config.Config, opts Options, m *metrics.Metrics) (func(topi
 		switch {
 		case opts.Decoder != nil:
 			return &counted{dec: custom{opts.Decoder}, counts: newCounts(m, topic, "custom")}
-		case format == config.FormatRaw:
+		case format == event.FormatRaw:
 			return &counted{dec: event.NewDecoder(event.FormatRaw), counts: newCounts(m, topic, format)}
 		case reg != nil:
 			d := schemareg.NewDecoder(reg, format, m)

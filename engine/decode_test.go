@@ -15,20 +15,10 @@ import (
 
 	"ratchet/config"
 	"ratchet/engine"
+	"ratchet/internal/event"
 	"ratchet/internal/testenv"
 	"ratchet/processor"
 )
-
-// startWith runs an engine with opts until the test ends.
-func startWith(tb testing.TB, cfg config.Config, opts engine.Options) *running {
-	tb.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	opts.Logger = testLogger(tb)
-	go func() { r.done <- engine.Run(ctx, cfg, opts) }() // ends when ctx is cancelled
-	tb.Cleanup(func() { r.stop(tb) })
-	return r
-}
 
 // seen is a processor that remembers the last version of every record it
 // was given (a batch may be given again after a failure).
@@ -85,9 +75,9 @@ func produceMessages(tb testing.TB, addr string, msgs []*kafka.Message) {
 func TestRawRecordsWithMetadata(t *testing.T) {
 	_, addr := testenv.Kafka(t, 1, topic)
 	cfg := testConfig(t, addr, testenv.Postgres(t), config.ModeExactlyOnce)
-	cfg.Kafka.Format = config.FormatRaw
+	cfg.Kafka.Format = event.FormatRaw
 	p := &seen{recs: map[int64]processor.Record{}}
-	startWith(t, cfg, engine.Options{Processor: p})
+	startWith(t, cfg, engine.Options{Processor: p}, testenv.Log{})
 	tp := topic
 	base := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
 	var msgs []*kafka.Message
@@ -129,7 +119,7 @@ func TestCustomDecoder(t *testing.T) {
 		r.Decoded = order{qty: n}
 		return nil
 	})
-	startWith(t, cfg, engine.Options{Processor: p, Decoder: dec})
+	startWith(t, cfg, engine.Options{Processor: p, Decoder: dec}, testenv.Log{})
 	tp := topic
 	var msgs []*kafka.Message
 	for i := range 10 {
@@ -158,8 +148,8 @@ func TestCustomDecoder(t *testing.T) {
 func TestDashboardRefusesRaw(t *testing.T) {
 	cfg := config.Default()
 	cfg.Kafka.Topics = []string{"a", "b"}
-	cfg.Kafka.TopicFormats = map[string]string{"b": config.FormatRaw}
-	err := engine.Run(context.Background(), cfg, engine.Options{Logger: testLogger(t)})
+	cfg.Kafka.TopicFormats = map[string]string{"b": event.FormatRaw}
+	err := engine.Run(context.Background(), cfg, engine.Options{Logger: testenv.Log{}.Logger()})
 	var ce *config.Error
 	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Key != "kafka.topic_formats.b" {
 		t.Fatalf("Run = %v, want a config error naming kafka.topic_formats.b", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"ratchet/config"
+	"ratchet/internal/event"
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
 	"ratchet/processor"
@@ -66,7 +67,7 @@ func (pr *producer) sendRaw(tb testing.TB, recs []*rawRecord) {
 
 // generate makes n records with the demo generator, poison included.
 func generate(n int, poison float64) []*rawRecord {
-	g := produce.NewGenerator(produce.Options{Seed: 7, PoisonFraction: poison, Format: "protobuf",
+	g := produce.NewGenerator(produce.Options{Seed: 7, PoisonFraction: poison, Format: event.FormatProtobuf,
 		Now: func() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) }, TimeSpread: time.Hour})
 	out := make([]*rawRecord, n)
 	for i := range out {
@@ -199,7 +200,7 @@ func TestPoisonGoesToTheDLQAndGoodRecordsApplyOnce(t *testing.T) {
 			r := start(t, cfg, ledger{"a"}, "a")
 			waitApplied(t, pool, int64(good))
 			got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), len(poison))
-			r.stop(t)
+			r.Stop(t)
 			assertLedgerExactlyOnce(t, pool, int64(good))
 			assertDLQHoldsExactly(t, got, poison)
 			if mode == config.ModeExactlyOnce {
@@ -255,7 +256,7 @@ func TestRetriesThenDeadLetterAfterMaxAttempts(t *testing.T) {
 	r := start(t, cfg, f, "a")
 	waitApplied(t, pool, n-1)
 	got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), 1)
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, n-1)
 	assertDLQHoldsExactly(t, got, []*rawRecord{recs[200]})
 	if got[0].headers["ratchet.attempts"] != strconv.Itoa(cfg.Retry.MaxAttempts) {
@@ -323,7 +324,7 @@ func TestDLQUnavailableBlocksThePartition(t *testing.T) {
 	fault.Remove()
 	waitApplied(t, pool, int64(n-len(poison)))
 	got := readDLQ(t, cluster, addr, dlqTopic, len(poison))
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, int64(n-len(poison)))
 	assertDLQHoldsExactly(t, got, poison)
 }

@@ -135,6 +135,23 @@ func (e *engine) run(ctx context.Context) error {
 		return slog.New(minLevel{h: e.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	}))
 
+	// Last in the stop sequence (shared/DESIGN.md): it only closes the
+	// system's internal channel (the actors are stopped above it), and it
+	// must run once.
+	defer system.Shutdown()
+
+	// The stop's deadline: shutdown.timeout counted from the stop (or a
+	// whole one when the engine stops for an error). The DLQ flushes last
+	// with what is left of it, and nothing after the supervisor waits past
+	// it.
+	var stopAt atomic.Int64 // unix nanoseconds; 0 until ctx is done
+	defer context.AfterFunc(ctx, func() { stopAt.Store(time.Now().UnixNano()) })()
+	flushBy := func() time.Time {
+		if at := stopAt.Load(); at != 0 {
+			return time.Unix(0, at).Add(cfg.Shutdown.Timeout)
+		}
+		return time.Now().Add(cfg.Shutdown.Timeout)
+	}
 	var consumer atomic.Pointer[kafka.Consumer]
 	committer, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewCommitter(actors.CommitterConfig{
 		Kafka: func() actors.OffsetCommitter {
@@ -150,7 +167,7 @@ func (e *engine) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("spawn committer: %w", err)
 	}
-	defer func() { _ = system.Root.PoisonFuture(committer).Wait() }()
+	defer func() { awaitStopped(system.Root.PoisonFuture(committer), flushBy()) }()
 
 	// A partition waits for its dead letters' delivery reports before its
 	// batch commits, so the DLQ producer sends at once instead of lingering
@@ -182,16 +199,6 @@ func (e *engine) run(ctx context.Context) error {
 		pool.Close()
 		pool = sized
 	}
-	// The DLQ flushes last, with what is left of shutdown.timeout counted
-	// from the stop (or a whole one when the engine stops for an error).
-	var stopAt atomic.Int64 // unix nanoseconds; 0 until ctx is done
-	defer context.AfterFunc(ctx, func() { stopAt.Store(time.Now().UnixNano()) })()
-	flushBy := func() time.Time {
-		if at := stopAt.Load(); at != 0 {
-			return time.Unix(0, at).Add(cfg.Shutdown.Timeout)
-		}
-		return time.Now().Add(cfg.Shutdown.Timeout)
-	}
 	dlq, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewDLQ(actors.DLQConfig{
 		Producer: producer, Topic: cfg.Kafka.DLQTopic, Logger: e.log, FlushBy: flushBy,
 		Backoff: actors.RetryPolicy{InitialBackoff: cfg.Retry.InitialBackoff, MaxBackoff: cfg.Retry.MaxBackoff},
@@ -201,7 +208,7 @@ func (e *engine) run(ctx context.Context) error {
 		return fmt.Errorf("spawn dlq: %w", err)
 	}
 	// Stopped after the supervisor: partitions may wait on it until drained.
-	defer func() { _ = system.Root.PoisonFuture(dlq).Wait() }()
+	defer func() { awaitStopped(system.Root.PoisonFuture(dlq), flushBy()) }()
 
 	var claim actors.ClaimFunc
 	if exactlyOnce {
@@ -294,6 +301,21 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	e.log.Info("engine stopped")
 	return errors.Join(all...)
+}
+
+// awaitStopped waits for an actor's stop (f, from PoisonFuture) until by,
+// and no longer: an actor still busy then (the committer inside a commit
+// that the stop already gave up on, waiting out socket.timeout.ms) must not
+// hold the process past shutdown.timeout. The process exits right after.
+func awaitStopped(f *actor.Future, by time.Time) {
+	done := make(chan struct{})
+	go func() { _ = f.Wait(); close(done) }() // ends when the future completes: 10 s at most
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // minLevel drops records below min; it keeps protoactor's chatty Info lines

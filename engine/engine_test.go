@@ -3,10 +3,8 @@ package engine_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,47 +43,26 @@ func testConfig(tb testing.TB, brokers, dbURL string, mode string) config.Config
 	return cfg
 }
 
-func testLogger(tb testing.TB) *slog.Logger {
-	if os.Getenv("RATCHET_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-// running is one engine started by a test.
-type running struct {
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func start(tb testing.TB, cfg config.Config, p processor.Processor, owner string) *running {
+// start runs an engine with processor p (nil: the dashboard) as owner until
+// the test ends (testenv.Engine: Stop stops it and checks it stopped
+// cleanly). Its log is discarded unless RATCHET_TEST_LOG is set.
+func start(tb testing.TB, cfg config.Config, p processor.Processor, owner string) *testenv.Engine {
 	tb.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() {
-		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: p, Logger: testLogger(tb).With("owner", owner), Owner: owner})
-	}()
-	tb.Cleanup(func() { r.stop(tb) })
-	return r
+	return startWith(tb, cfg, engine.Options{Processor: p, Owner: owner}, testenv.Log{})
 }
 
-// stop stops the engine gracefully and fails the test if it does not stop
-// cleanly.
-func (r *running) stop(tb testing.TB) {
+// startWith runs an engine with opts until the test ends, logging as log
+// says (with the owner, when opts has one).
+func startWith(tb testing.TB, cfg config.Config, opts engine.Options, log testenv.Log) *testenv.Engine {
 	tb.Helper()
-	if r.cancel == nil {
-		return
-	}
-	r.cancel()
-	r.cancel = nil
-	select {
-	case err := <-r.done:
-		if err != nil {
-			tb.Errorf("engine stopped with error: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		tb.Fatal("engine did not stop within 60s")
-	}
+	return testenv.StartEngine(tb, testenv.EngineOptions{Log: log},
+		func(ctx context.Context, l *slog.Logger, onListening func(string)) error {
+			opts.Logger, opts.OnListening = l, onListening
+			if opts.Owner != "" {
+				opts.Logger = l.With("owner", opts.Owner)
+			}
+			return engine.Run(ctx, cfg, opts)
+		})
 }
 
 // gen makes deterministic events: metrics, minute buckets over an hour,
@@ -273,7 +250,7 @@ func TestEndToEndRollupsExact(t *testing.T) {
 			testenv.Eventually(t, 120*time.Second, func() bool {
 				return count(t, pool, `SELECT coalesce(sum(count),0) FROM dashboard_rollups`) >= n
 			}, "all %d events applied", n)
-			r.stop(t)
+			r.Stop(t)
 
 			want := expectRollups(events)
 			got := readRollups(t, pool)
@@ -431,15 +408,15 @@ func TestMembershipChangesReplayNothing(t *testing.T) {
 	waitOwnerApplies(t, pool, "c")
 	waitOwnerApplies(t, pool, "a")
 
-	a.stop(t) // graceful leave while events keep coming
+	a.Stop(t) // graceful leave while events keep coming
 	waitMembers(t, cluster, group, 2)
 	waitOwnerApplies(t, pool, "b")
 	waitOwnerApplies(t, pool, "c")
 
 	s.stop()
 	waitApplied(t, pool, s.sent.Load())
-	b.stop(t)
-	c.stop(t)
+	b.Stop(t)
+	c.Stop(t)
 	assertLedgerExactlyOnce(t, pool, s.sent.Load())
 }
 
@@ -455,12 +432,12 @@ func TestGracefulRestartMidStream(t *testing.T) {
 		owner := fmt.Sprintf("run-%d", i)
 		r := start(t, cfg, ledger{owner}, owner)
 		waitOwnerApplies(t, pool, owner)
-		r.stop(t)
+		r.Stop(t)
 	}
 	r := start(t, cfg, ledger{"last"}, "last")
 	s.stop()
 	waitApplied(t, pool, s.sent.Load())
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, s.sent.Load())
 }
 
@@ -585,6 +562,6 @@ WHERE l.topic = cut.topic AND l.partition = cut.partition AND l.off >= cut.next_
 	waitApplied(t, pool, count(t, pool, `SELECT count(DISTINCT id) FROM test_ledger`)+2000)
 	s.stop()
 	waitApplied(t, pool, s.sent.Load())
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, s.sent.Load())
 }

@@ -29,7 +29,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"ratchet/config"
-	"ratchet/engine"
 	"ratchet/internal/testenv"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
@@ -37,28 +36,11 @@ import (
 
 // startHTTP starts an engine serving HTTP on a free loopback port and
 // returns it with the address it listens on.
-func startHTTP(tb testing.TB, cfg config.Config, p processor.Processor, owner string) (*running, string) {
+func startHTTP(tb testing.TB, cfg config.Config, p processor.Processor, owner string) (*testenv.Engine, string) {
 	tb.Helper()
 	cfg.HTTP.Addr = "127.0.0.1:0"
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	addrs := make(chan string, 1)
-	go func() { // ends when the engine stops
-		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: p, Owner: owner,
-			Logger:      testLogger(tb).With("owner", owner),
-			OnListening: func(addr string) { addrs <- addr }})
-	}()
-	tb.Cleanup(func() { r.stop(tb) })
-	select {
-	case addr := <-addrs:
-		return r, "http://" + addr
-	case err := <-r.done:
-		r.cancel = nil
-		tb.Fatalf("engine stopped before listening: %v", err)
-	case <-time.After(60 * time.Second):
-		tb.Fatal("engine did not listen within 60s")
-	}
-	return nil, ""
+	r := start(tb, cfg, p, owner)
+	return r, "http://" + r.Addr(tb, 60*time.Second)
 }
 
 // nowGen makes events whose times fall in the last five minutes, so that
@@ -355,7 +337,7 @@ func TestMetricsDuringRun(t *testing.T) {
 	if !p.failed.Load() {
 		t.Error("the injected failure never happened")
 	}
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, sent)
 }
 
@@ -511,17 +493,9 @@ func TestReadinessTransitions(t *testing.T) {
 	// Slow every round trip so that the batches in flight are still
 	// running when the engine is told to stop.
 	proxy.Delay(500 * time.Millisecond)
-	r.cancel()
-	r.cancel = nil
+	r.Cancel()
 	rd.waitFor(t, "draining", 30*time.Second)
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Errorf("engine stopped with error: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("engine did not stop within 60s of cancel")
-	}
+	r.Stop(t)
 	rd.waitFor(t, "down", 30*time.Second)
 	rd.close()
 	s.stop()
@@ -628,6 +602,6 @@ func TestPartitionsResumeAfterOutage(t *testing.T) {
 	}
 	s.stop()
 	waitApplied(t, pool, s.sent.Load())
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, s.sent.Load())
 }

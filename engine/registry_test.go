@@ -31,7 +31,7 @@ func confluentSerializer(tb testing.TB, reg *testenv.Registry, format string) fu
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if format == config.FormatProtobuf {
+	if format == event.FormatProtobuf {
 		ser, err := protobuf.NewSerializer(client, serde.ValueSerde, protobuf.NewSerializerConfig())
 		if err != nil {
 			tb.Fatal(err)
@@ -88,7 +88,7 @@ func waitRollups(tb testing.TB, pool *pgxpool.Pool, want map[rollupKey]rollup) {
 // are applied exactly by the dashboard; a record with an unknown schema id
 // and one without the magic byte are dead-lettered with their reasons.
 func TestSchemaRegistryFramedRecords(t *testing.T) {
-	for _, format := range []string{config.FormatProtobuf, config.FormatJSON} {
+	for _, format := range []string{event.FormatProtobuf, event.FormatJSON} {
 		t.Run(format, func(t *testing.T) {
 			const n = 2000
 			cluster, addr := testenv.Kafka(t, 4, topic)
@@ -110,12 +110,12 @@ func TestSchemaRegistryFramedRecords(t *testing.T) {
 				t.Fatal(err)
 			}
 			unknown := &rawRecord{key: []byte("unknown"), value: append(event.AppendFrame(nil, 9999, []int{0}), plain...)}
-			if format == config.FormatJSON {
+			if format == event.FormatJSON {
 				unknown.value = append(event.AppendFrame(nil, 9999, nil), plain...)
 			}
 			noMagic := &rawRecord{key: []byte("no-magic"), value: plain}
 			poison := []*rawRecord{unknown, noMagic}
-			if format == config.FormatProtobuf {
+			if format == event.FormatProtobuf {
 				// A registered schema of another message: the dashboard
 				// needs ratchet.v1.Event.
 				orderID := reg.Add("orders-value", "PROTOBUF", `syntax = "proto3"; package shop.v1; message Order { string id = 1; }`)
@@ -133,7 +133,7 @@ func TestSchemaRegistryFramedRecords(t *testing.T) {
 			want := expectRollups(events)
 			waitRollups(t, pool, want)
 			got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), len(poison))
-			r.stop(t)
+			r.Stop(t)
 			assertDLQHoldsExactly(t, got, poison)
 			reasons := map[string]string{}
 			for _, e := range got {
@@ -145,7 +145,7 @@ func TestSchemaRegistryFramedRecords(t *testing.T) {
 			if !strings.Contains(reasons["no-magic"], "no magic byte") {
 				t.Errorf("unframed record dead-lettered with %q", reasons["no-magic"])
 			}
-			if format == config.FormatProtobuf && !strings.Contains(reasons["not-event"], "does not define ratchet.v1.Event") {
+			if format == event.FormatProtobuf && !strings.Contains(reasons["not-event"], "does not define ratchet.v1.Event") {
 				t.Errorf("record of another message dead-lettered with %q", reasons["not-event"])
 			}
 			if _, byID := reg.Requests(); byID-byIDBefore > int64(len(poison)) {
@@ -169,7 +169,7 @@ func TestSchemaRegistryOutage(t *testing.T) {
 	createLedger(t, pool)
 	reg := testenv.NewRegistry(t, "", "")
 	proxy := testenv.NewProxy(t, reg.Addr())
-	ser := confluentSerializer(t, reg, config.FormatProtobuf)
+	ser := confluentSerializer(t, reg, event.FormatProtobuf)
 	// A second schema defining ratchet.v1.Event first: its id is first
 	// seen during the outage.
 	laterID := reg.Add("events-v2", "PROTOBUF", `syntax = "proto3";
@@ -246,7 +246,7 @@ message Unused { string note = 1; }`)
 	if n := sum(series(fams, "ratchet_schema_registry_cache_hits_total")); n < float64(sent.Load()) {
 		t.Errorf("ratchet_schema_registry_cache_hits_total = %v, want at least %d", n, sent.Load())
 	}
-	r.stop(t)
+	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, sent.Load())
 	if n := dlqRecords(cluster, cfg.Kafka.DLQTopic(topic)); n != 0 {
 		t.Errorf("%d records dead-lettered", n)

@@ -97,6 +97,10 @@ func (s *source) Readiness() web.Readiness {
 	case actors.PhaseDraining, actors.PhaseStopped:
 		return web.Readiness{State: web.StateDraining, Reason: "stopping: draining partitions"}
 	}
+	if n, why := s.board.Unclaimed(); n > 0 {
+		return web.Readiness{State: web.StateDegraded,
+			Reason: fmt.Sprintf("%d assigned partition(s) not claimed yet, retrying: %s", n, why)}
+	}
 	parts := s.board.Partitions()
 	if len(parts) == 0 {
 		return web.Readiness{State: web.StateIdle, Reason: "no partitions assigned"}

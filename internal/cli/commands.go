@@ -17,6 +17,7 @@ import (
 	"ratchet/config"
 	"ratchet/engine"
 	"ratchet/internal/devbroker"
+	"ratchet/internal/event"
 	"ratchet/internal/kafkaclient"
 	"ratchet/internal/produce"
 	"ratchet/internal/schemareg"
@@ -168,8 +169,8 @@ func produceCmd(ctx context.Context, e *env, args []string) error {
 		o.Format = *format
 	}
 	switch {
-	case o.Format != "protobuf" && o.Format != "json":
-		return usagef("produce: -format %q is not allowed (allowed: protobuf, json)", o.Format)
+	case o.Format != event.FormatProtobuf && o.Format != event.FormatJSON:
+		return usagef("produce: -format %q is not allowed (allowed: %s, %s)", o.Format, event.FormatProtobuf, event.FormatJSON)
 	case *poison < 0 || *poison > 1:
 		return usagef("produce: -poison %v is not allowed (allowed: 0..1)", *poison)
 	case *rate < 0:

@@ -5,8 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -128,7 +128,7 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 	// The page's dead-letters panel shows the reason, once, with the count.
 	var page string
 	select {
-	case page = <-eng.addr:
+	case page = <-eng.Listening():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the page does not listen")
 	}

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,44 +113,15 @@ func (o *opsEnv) count(tb testing.TB, q string, args ...any) int64 {
 	return n
 }
 
-// engineRun is one engine started by a test.
-type engineRun struct {
-	cancel context.CancelFunc
-	done   chan error
-	addr   chan string // the page's address, once it listens
-}
-
-func startEngine(tb testing.TB, cfg config.Config, p processor.Processor, owner string) *engineRun {
+// startEngine runs an engine in this process as owner until the test ends
+// (testenv.Engine); its page's address arrives on Listening.
+func startEngine(tb testing.TB, cfg config.Config, p processor.Processor, owner string) *testenv.Engine {
 	tb.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &engineRun{cancel: cancel, done: make(chan error, 1), addr: make(chan string, 1)}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if os.Getenv("RATCHET_TEST_LOG") != "" {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	go func() {
-		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: p, Logger: log.With("owner", owner), Owner: owner,
-			OnListening: func(addr string) { r.addr <- addr }})
-	}()
-	tb.Cleanup(func() { r.stop(tb) })
-	return r
-}
-
-func (r *engineRun) stop(tb testing.TB) {
-	tb.Helper()
-	if r.cancel == nil {
-		return
-	}
-	r.cancel()
-	r.cancel = nil
-	select {
-	case err := <-r.done:
-		if err != nil {
-			tb.Errorf("engine stopped with error: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		tb.Fatal("engine did not stop within 60s")
-	}
+	return testenv.StartEngine(tb, testenv.EngineOptions{},
+		func(ctx context.Context, log *slog.Logger, onListening func(string)) error {
+			return engine.Run(ctx, cfg, engine.Options{Processor: p, Logger: log.With("owner", owner), Owner: owner,
+				OnListening: onListening})
+		})
 }
 
 // ledger writes one row per record with no unique constraint, so a record

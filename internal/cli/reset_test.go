@@ -183,8 +183,8 @@ func TestResetToEarliestWhileRunningUnderLoad(t *testing.T) {
 		t.Errorf("%d partitions were claimed again: the reset must not need a restart", n)
 	}
 	select {
-	case err := <-eng.done:
-		t.Fatalf("the engine exited: %v", err)
+	case <-eng.Exited():
+		t.Fatalf("the engine exited: %v", eng.Wait(t, 0))
 	default:
 	}
 }
@@ -440,7 +440,7 @@ func TestResetAtLeastOnceRefusesWhileMembersRun(t *testing.T) {
 	if out := o.mustRun(t, "offsets", "reset", "--to-earliest"); !strings.Contains(out, "refuses until they have stopped") {
 		t.Errorf("dry run does not warn about the members:\n%s", out)
 	}
-	eng.stop(t)
+	eng.Stop(t)
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		info := cluster.GroupInfo(cfg.Kafka.GroupID)
 		return info != nil && len(info.Members) == 0

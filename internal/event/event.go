@@ -31,7 +31,9 @@ import (
 	"ratchet/processor"
 )
 
-// Record value formats, as spelled in the kafka.format configuration key.
+// Record value formats, as spelled in the kafka.format configuration key:
+// the one definition that configuration, decoders, the generator and the
+// command line share.
 const (
 	// FormatProtobuf is the protobuf binary encoding of ratchet.v1.Event.
 	FormatProtobuf = "protobuf"

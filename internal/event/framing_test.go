@@ -39,7 +39,7 @@ func TestFrameMatchesSerde(t *testing.T) {
 			t.Errorf("AppendFrame(%d, %v) = %x, serde writes %x", id, path, ours, theirs)
 		}
 		value := append(theirs, payload...)
-		f, err := ParseFrame(value, "protobuf", withIndexes)
+		f, err := ParseFrame(value, FormatProtobuf, withIndexes)
 		if err != nil {
 			t.Fatalf("ParseFrame(%x): %v", value, err)
 		}
@@ -74,7 +74,7 @@ func TestParseFrameRefuses(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseFrame(tc.value, "protobuf", true)
+			_, err := ParseFrame(tc.value, FormatProtobuf, true)
 			var e *Error
 			if !errors.As(err, &e) || e.Kind != KindDecode || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("ParseFrame(%x) = %v, want a decode *Error containing %q", tc.value, err, tc.want)
@@ -95,7 +95,7 @@ func FuzzParseFrame(f *testing.F) {
 	f.Add([]byte{1, 2, 3}, true)
 	f.Add([]byte{0, 0, 0, 0, 7, 0xfe, 0xff, 0xff, 0xff, 0x0f}, true)
 	f.Fuzz(func(t *testing.T, value []byte, withIndexes bool) {
-		fr, err := ParseFrame(value, "protobuf", withIndexes)
+		fr, err := ParseFrame(value, FormatProtobuf, withIndexes)
 		if err != nil {
 			if !IsPoison(err) || len(err.Error()) > maxErrorBytes {
 				t.Fatalf("error %q is not a bounded poison *Error", err)

@@ -42,7 +42,10 @@ type Metrics struct {
 	// UncommittedRecords counts the applied records among them (replayed
 	// by the next owner in at-least-once mode; still guarded by the store
 	// in exactly-once mode).
-	CommitsAbandoned   *prometheus.CounterVec // topic
+	CommitsAbandoned *prometheus.CounterVec // topic
+	// Unclaimed is the number of assigned partitions held paused because
+	// their claim in the offset store failed (retried with backoff).
+	Unclaimed          prometheus.Gauge
 	UncommittedRecords *prometheus.CounterVec // topic
 	// DecodedRecords counts record values by how they were decoded.
 	DecodedRecords *prometheus.CounterVec // topic, format, result
@@ -126,6 +129,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		RegistryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_schema_registry_errors_total", Help: "Schema registry requests without a usable answer, by reason (unreachable, server_error, refused)."},
 			[]string{"reason"}),
+		Unclaimed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratchet_unclaimed_partitions",
+			Help: "Assigned partitions held paused because their claim in the offset store failed; retried with backoff."}),
 		CommitsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_commits_abandoned_total",
 			Help: "Partitions whose applied offsets were left uncommitted in Kafka at a stop or revoke deadline."},
@@ -136,7 +142,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			[]string{"topic"}),
 	}
 	reg.MustRegister(m.DecodedRecords, m.RegistryLookups, m.RegistryCacheHits, m.RegistryErrors)
-	reg.MustRegister(m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
+	reg.MustRegister(m.Unclaimed, m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
 		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,
 		m.Restarts, m.RewindsPrevented, m.RewindRecords, m.Fenced, m.StaleOffsets, m.DegradedSeconds, m.Reconnects)
 	return m

@@ -9,13 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"ratchet/internal/event"
 	ratchetv1 "ratchet/messages/ratchet/v1"
-)
-
-// Input encodings, as in the kafka.format configuration key.
-const (
-	FormatProtobuf = "protobuf"
-	FormatJSON     = "json"
 )
 
 // DefaultMetrics are the metric names generated when Options.Metrics is
@@ -114,9 +109,9 @@ func (g *Generator) Next() (key, value []byte, ev *ratchetv1.Event, poison bool)
 	case PoisonGarbage:
 		value = append([]byte(nil), garbage...)
 	case PoisonWrongFormat:
-		other := FormatJSON
-		if g.format == FormatJSON {
-			other = FormatProtobuf
+		other := event.FormatJSON
+		if g.format == event.FormatJSON {
+			other = event.FormatProtobuf
 		}
 		value = g.encode(e, other)
 	case PoisonMissingField:
@@ -178,7 +173,7 @@ func (g *Generator) encode(e *ratchetv1.Event, format string) []byte {
 		b   []byte
 		err error
 	)
-	if format == FormatJSON {
+	if format == event.FormatJSON {
 		b, err = protojson.Marshal(e)
 	} else {
 		b, err = g.marshal.Marshal(e)

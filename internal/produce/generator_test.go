@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"ratchet/internal/event"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 )
 
@@ -19,7 +20,7 @@ func fixedClock() time.Time { return fixedNow }
 func decode(format string, value []byte) (*ratchetv1.Event, error) {
 	ev := &ratchetv1.Event{}
 	var err error
-	if format == FormatJSON {
+	if format == event.FormatJSON {
 		err = protojson.Unmarshal(value, ev)
 	} else {
 		err = proto.Unmarshal(value, ev)
@@ -34,7 +35,7 @@ func validEvent(ev *ratchetv1.Event) bool {
 }
 
 func TestGeneratorDeterministic(t *testing.T) {
-	for _, format := range []string{FormatProtobuf, FormatJSON} {
+	for _, format := range []string{event.FormatProtobuf, event.FormatJSON} {
 		t.Run(format, func(t *testing.T) {
 			opts := Options{Seed: 7, PoisonFraction: 0.2, Format: format, TimeSpread: time.Hour, Now: fixedClock}
 			a, b := NewGenerator(opts), NewGenerator(opts)
@@ -49,7 +50,7 @@ func TestGeneratorDeterministic(t *testing.T) {
 				}
 				// protojson output is only stable within one binary, so
 				// compare bytes for protobuf and meaning for JSON.
-				if format == FormatProtobuf && string(va) != string(vb) {
+				if format == event.FormatProtobuf && string(va) != string(vb) {
 					t.Fatalf("record %d: values differ", i)
 				}
 			}
@@ -72,7 +73,7 @@ func TestGeneratorDeterministic(t *testing.T) {
 
 func TestGeneratorRecords(t *testing.T) {
 	const n = 3000
-	for _, format := range []string{FormatProtobuf, FormatJSON} {
+	for _, format := range []string{event.FormatProtobuf, event.FormatJSON} {
 		t.Run(format, func(t *testing.T) {
 			spread := 10 * time.Minute
 			g := NewGenerator(Options{Seed: 1, PoisonFraction: 0.1, Format: format, TimeSpread: spread, Now: fixedClock})
@@ -166,9 +167,9 @@ func checkPoison(tb testing.TB, format string, kind PoisonKind, value []byte) {
 		if err == nil && validEvent(ev) {
 			tb.Fatalf("wrong-format record %q decodes as a valid %s event %v", value, format, ev)
 		}
-		other := FormatJSON
-		if format == FormatJSON {
-			other = FormatProtobuf
+		other := event.FormatJSON
+		if format == event.FormatJSON {
+			other = event.FormatProtobuf
 		}
 		if ev, err := decode(other, value); err != nil || !validEvent(ev) {
 			tb.Fatalf("wrong-format record is not a valid %s event: %v", other, err)
@@ -204,7 +205,7 @@ func TestGeneratorAllPoison(t *testing.T) {
 			t.Fatal("good record at poison fraction 1")
 		}
 		if g.LastPoisonKind() == PoisonMissingField {
-			ev, err := decode(FormatProtobuf, value)
+			ev, err := decode(event.FormatProtobuf, value)
 			if err != nil {
 				t.Fatal(err)
 			}

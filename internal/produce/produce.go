@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/internal/event"
 )
 
 // drainTimeout bounds the final flush when Run stops because ctx is done:
@@ -35,7 +37,7 @@ type Options struct {
 	Count int64
 	// PoisonFraction, from 0 to 1, is the share of poison records.
 	PoisonFraction float64
-	// Format is FormatProtobuf (the default when empty) or FormatJSON.
+	// Format is event.FormatProtobuf (the default when empty) or event.FormatJSON.
 	Format string
 	// Metrics are the metric names to draw from; empty means
 	// DefaultMetrics.
@@ -78,9 +80,9 @@ func (o Options) validate() error {
 		errs = append(errs, fmt.Errorf("poison fraction %v: must be from 0 to 1", o.PoisonFraction))
 	}
 	switch o.Format {
-	case "", FormatProtobuf, FormatJSON:
+	case "", event.FormatProtobuf, event.FormatJSON:
 	default:
-		errs = append(errs, fmt.Errorf("format %q: must be %s or %s", o.Format, FormatProtobuf, FormatJSON))
+		errs = append(errs, fmt.Errorf("format %q: must be %s or %s", o.Format, event.FormatProtobuf, event.FormatJSON))
 	}
 	if o.TimeSpread < 0 {
 		errs = append(errs, fmt.Errorf("time spread %s: must be >= 0", o.TimeSpread))
@@ -126,7 +128,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (Stats, error) {
 		return Stats{}, fmt.Errorf("produce options: %w", err)
 	}
 	if opts.Format == "" {
-		opts.Format = FormatProtobuf
+		opts.Format = event.FormatProtobuf
 	}
 	if log == nil {
 		log = slog.Default()

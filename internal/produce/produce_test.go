@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"ratchet/internal/event"
 	"ratchet/internal/testenv"
 )
 
@@ -62,10 +63,10 @@ func TestRun(t *testing.T) {
 		format string
 		props  map[string]string
 	}{
-		{"protobuf lz4", FormatProtobuf, nil},
+		{"protobuf lz4", event.FormatProtobuf, nil},
 		// A 50-record local queue forces the queue-full path: every record
 		// must still arrive.
-		{"json queue full", FormatJSON, map[string]string{"queue.buffering.max.messages": "50", "compression.type": "none"}},
+		{"json queue full", event.FormatJSON, map[string]string{"queue.buffering.max.messages": "50", "compression.type": "none"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

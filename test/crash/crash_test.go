@@ -19,6 +19,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"ratchet/internal/event"
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
 )
@@ -116,7 +117,7 @@ func TestKillNineThreeInstancesCountsEveryEventOnce(t *testing.T) {
 	}
 
 	// The producer and the expected rollups come from the same generator.
-	opts := produce.Options{Seed: 42, Format: "protobuf", TimeSpread: 30 * time.Minute,
+	opts := produce.Options{Seed: 42, Format: event.FormatProtobuf, TimeSpread: 30 * time.Minute,
 		Now: func() time.Time { return time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC) }}
 	want := map[key]agg{}
 	g := produce.NewGenerator(opts)
@@ -147,16 +148,7 @@ func TestKillNineThreeInstancesCountsEveryEventOnce(t *testing.T) {
 	}
 	produced.Wait()
 
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	total := func() int64 {
-		var n int64
-		_ = pool.QueryRow(context.Background(), `SELECT coalesce(sum(count),0) FROM dashboard_rollups`).Scan(&n)
-		return n
-	}
+	pool, total := counted(t, dbURL)
 	testenv.Eventually(t, 240*time.Second, func() bool { return total() >= events },
 		"all %d events counted (have %d)", events, total())
 	for _, in := range insts {
@@ -188,6 +180,22 @@ func TestKillNineThreeInstancesCountsEveryEventOnce(t *testing.T) {
 	}
 	if n := total(); n != events {
 		t.Errorf("counted %d events, produced %d", n, events)
+	}
+}
+
+// counted opens a pool on dbURL (closed when the test ends) and returns it
+// with a function that reads how many events the dashboard has counted.
+func counted(tb testing.TB, dbURL string) (*pgxpool.Pool, func() int64) {
+	tb.Helper()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool, func() int64 {
+		var n int64
+		_ = pool.QueryRow(context.Background(), `SELECT coalesce(sum(count),0) FROM dashboard_rollups`).Scan(&n)
+		return n
 	}
 }
 

@@ -56,7 +56,7 @@ func TestBrokerCut20s(t *testing.T) {
 			cut.Store(false)
 			h.produceN(5000, poisoned)
 			h.waitApplied(90 * time.Second)
-			r.stop(t)
+			r.Stop(t)
 			stop()
 			h.check(false)
 		})
@@ -88,7 +88,7 @@ func TestPostgresCut15s(t *testing.T) {
 	h.waitApplied(120 * time.Second)
 	testenv.Eventually(t, 30*time.Second, func() bool { return gauge(reg, "ratchet_paused_partitions") == 0 },
 		"partitions resumed")
-	r.stop(t)
+	r.Stop(t)
 	stop()
 	h.check(false)
 }
@@ -118,7 +118,7 @@ func TestPostgresSlow200ms(t *testing.T) {
 	hold(10 * time.Second)
 	h.proxy.Delay(0)
 	h.waitApplied(120 * time.Second)
-	r.stop(t)
+	r.Stop(t)
 	stop()
 	h.check(false)
 }
@@ -138,7 +138,7 @@ func TestOffsetCommitFailing30s(t *testing.T) {
 			f.Remove()
 			h.produceN(3000, poisoned)
 			h.waitApplied(60 * time.Second)
-			r.stop(t)
+			r.Stop(t)
 			stop()
 			h.check(false)
 			if f.Hits() == 0 {
@@ -164,11 +164,11 @@ func TestMembershipChurn10(t *testing.T) {
 		r := h.start(h.cfg)
 		h.produceN(1000, poisoned)
 		h.waitApplied(90 * time.Second)
-		r.stop(t) // graceful leave
+		r.Stop(t) // graceful leave
 	}
 	h.produceN(1000, poisoned)
 	h.waitApplied(90 * time.Second)
-	base.stop(t)
+	base.Stop(t)
 	stop()
 	h.check(false)
 }
@@ -179,7 +179,7 @@ func TestPoisonFlood10Percent(t *testing.T) {
 	r := h.start(h.cfg)
 	h.produceN(20000, produce.Options{PoisonFraction: 0.10})
 	h.waitApplied(120 * time.Second)
-	r.stop(t)
+	r.Stop(t)
 	stop()
 	h.check(false)
 	if n := h.count(`SELECT count(*) FROM ratchet_dead_letters`); n < 1900 {
@@ -195,7 +195,7 @@ func TestPartitionCounts(t *testing.T) {
 			r := h.start(h.cfg)
 			h.produceN(10000, poisoned)
 			h.waitApplied(120 * time.Second)
-			r.stop(t)
+			r.Stop(t)
 			stop()
 			h.check(false)
 			if got := len(h.cluster.PartitionInfos(topic)); got != int(n) {
@@ -230,7 +230,7 @@ func TestOneMiBRecordsAndEmptyKeys(t *testing.T) {
 	cfg.Kafka.Properties = config.Properties{"fetch.message.max.bytes": "4194304"}
 	r := h.start(cfg)
 	h.waitApplied(120 * time.Second)
-	r.stop(t)
+	r.Stop(t)
 	stop()
 	h.check(false)
 }
@@ -242,7 +242,7 @@ func TestInputTopicDeletedAndRecreated(t *testing.T) {
 			r := h.start(h.cfg)
 			h.produceN(2000, produce.Options{})
 			h.waitApplied(60 * time.Second)
-			r.stop(t)
+			r.Stop(t)
 			// The topic is deleted and created again: its offsets start
 			// over at zero, below every position the group knew.
 			if err := h.cluster.DeleteTopic(topic); err != nil {
@@ -255,7 +255,7 @@ func TestInputTopicDeletedAndRecreated(t *testing.T) {
 			h.produceN(500, produce.Options{})
 			r = h.start(h.cfg)
 			h.waitApplied(60 * time.Second)
-			r.stop(t)
+			r.Stop(t)
 			h.check(false)
 		})
 	}

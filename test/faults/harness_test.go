@@ -10,9 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -27,6 +25,7 @@ import (
 
 	"ratchet/config"
 	"ratchet/engine"
+	"ratchet/internal/event"
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
 	"ratchet/processor"
@@ -197,46 +196,20 @@ func (ledger) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
 	return err
 }
 
-// run is a running engine.
-type run struct {
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func (h *harness) start(cfg config.Config) *run {
+// start runs an engine with the ledger processor until the test ends.
+func (h *harness) start(cfg config.Config) *testenv.Engine {
 	return h.startWith(cfg, nil)
 }
 
-func (h *harness) startWith(cfg config.Config, reg *prometheus.Registry) *run {
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &run{cancel: cancel, done: make(chan error, 1)}
-	var w io.Writer = io.Discard
-	if os.Getenv("RATCHET_TEST_LOG") != "" {
-		w = os.Stderr
-	}
-	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	go func() {
-		r.done <- engine.Run(ctx, cfg, engine.Options{Processor: ledger{}, Logger: log, Registry: reg})
-	}()
-	h.t.Cleanup(func() { r.stop(h.t) })
-	return r
-}
-
-func (r *run) stop(t *testing.T) {
-	t.Helper()
-	if r.cancel == nil {
-		return
-	}
-	r.cancel()
-	r.cancel = nil
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Errorf("engine stopped with error: %v", err)
-		}
-	case <-time.After(90 * time.Second):
-		t.Error("engine did not stop within 90s")
-	}
+// startWith is start with the engine's metrics in reg (nil: its own). The
+// log is discarded unless RATCHET_TEST_LOG is set; a stop may take 90s
+// (a drain behind a cut database or broker).
+func (h *harness) startWith(cfg config.Config, reg *prometheus.Registry) *testenv.Engine {
+	h.t.Helper()
+	return testenv.StartEngine(h.t, testenv.EngineOptions{StopWithin: 90 * time.Second},
+		func(ctx context.Context, log *slog.Logger, _ func(string)) error {
+			return engine.Run(ctx, cfg, engine.Options{Processor: ledger{}, Logger: log, Registry: reg})
+		})
 }
 
 // produceN produces n records from the demo generator (poison included) and
@@ -250,7 +223,7 @@ func (h *harness) produceN(n int, o produce.Options) {
 	if o.Seed == 0 {
 		o.Seed = seed
 	}
-	o.Format = "protobuf"
+	o.Format = event.FormatProtobuf
 	g := produce.NewGenerator(o)
 	recs := make([]*record, n)
 	for i := range recs {

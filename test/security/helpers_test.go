@@ -7,9 +7,7 @@ package security
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -63,68 +61,39 @@ func testConfig(tb testing.TB, brokers, dbURL string, props config.Properties) c
 	return cfg
 }
 
-// debugLogger logs JSON at debug level to buf, and to stderr as well when
-// RATCHET_TEST_LOG is set.
-func debugLogger(buf *testenv.Buffer) *slog.Logger {
-	var w io.Writer = buf
-	if os.Getenv("RATCHET_TEST_LOG") != "" {
-		w = io.MultiWriter(buf, os.Stderr)
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+// debugLog is how every engine here logs: JSON at debug level, into buf,
+// so that tests can look for secrets in every line.
+func debugLog(buf *testenv.Buffer) testenv.Log {
+	return testenv.Log{To: buf, JSON: true, Level: slog.LevelDebug}
 }
 
 // running is one engine started by a test.
 type running struct {
-	cancel context.CancelFunc
-	done   chan error
-	logs   *testenv.Buffer
-	addr   string // HTTP address, when serving
+	*testenv.Engine
+	logs *testenv.Buffer
+	addr string // HTTP address, when serving
 }
 
 // start runs the engine in the background with a debug JSON logger. When
 // cfg.HTTP.Addr is set it waits until the server listens. The engine is
-// stopped when the test ends.
+// stopped when the test ends (testenv.Engine.Stop).
 func start(tb testing.TB, cfg config.Config) *running {
 	tb.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1), logs: &testenv.Buffer{}}
-	addrs := make(chan string, 1)
-	go func() { // ends when the engine stops
-		r.done <- engine.Run(ctx, cfg, engine.Options{Logger: debugLogger(r.logs), Owner: "security",
-			OnListening: func(addr string) { addrs <- addr }})
-	}()
-	tb.Cleanup(func() { r.stop(tb) })
-	if cfg.HTTP.Addr == "" {
-		return r
-	}
-	select {
-	case r.addr = <-addrs:
-	case err := <-r.done:
-		r.cancel = nil
-		tb.Fatalf("engine stopped before listening: %v", err)
-	case <-time.After(60 * time.Second):
-		tb.Fatal("engine did not listen within 60s")
+	r := &running{logs: &testenv.Buffer{}}
+	r.Engine = startEngine(tb, cfg, debugLog(r.logs))
+	if cfg.HTTP.Addr != "" {
+		r.addr = r.Addr(tb, 60*time.Second)
 	}
 	return r
 }
 
-// stop stops the engine gracefully and fails the test unless it stops
-// cleanly within a minute.
-func (r *running) stop(tb testing.TB) {
+// startEngine runs the engine as the owner "security", logging as log says.
+func startEngine(tb testing.TB, cfg config.Config, log testenv.Log) *testenv.Engine {
 	tb.Helper()
-	if r.cancel == nil {
-		return
-	}
-	r.cancel()
-	r.cancel = nil
-	select {
-	case err := <-r.done:
-		if err != nil {
-			tb.Errorf("engine stopped with error: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		tb.Fatal("engine did not stop within 60s")
-	}
+	return testenv.StartEngine(tb, testenv.EngineOptions{Log: log},
+		func(ctx context.Context, l *slog.Logger, onListening func(string)) error {
+			return engine.Run(ctx, cfg, engine.Options{Logger: l, Owner: "security", OnListening: onListening})
+		})
 }
 
 // events makes n valid events, in distinct minute buckets of one metric.
@@ -238,22 +207,16 @@ func waitDeadLettered(tb testing.TB, c *kfake.Cluster, dlqTopic string, n int64)
 
 // runUntil runs the engine until it returns or ctx is done. It returns
 // the engine's error and whether ctx ended first (the engine was still
-// running). An engine that does not return within a minute after ctx ends
-// fails the test.
-func runUntil(tb testing.TB, ctx context.Context, cfg config.Config, log *slog.Logger) (err error, stopped bool) {
+// running, and was stopped). An engine that does not return within a
+// minute after ctx ends fails the test.
+func runUntil(tb testing.TB, ctx context.Context, cfg config.Config, log testenv.Log) (err error, stopped bool) {
 	tb.Helper()
-	done := make(chan error, 1)
-	go func() { done <- engine.Run(ctx, cfg, engine.Options{Logger: log, Owner: "security"}) }()
+	e := startEngine(tb, cfg, log)
 	select {
-	case err := <-done:
-		return err, false
+	case <-e.Exited():
+		return e.Wait(tb, 0), false
 	case <-ctx.Done():
 	}
-	select {
-	case err := <-done:
-		return err, true
-	case <-time.After(60 * time.Second):
-		tb.Fatal("engine did not stop within 60s of its context ending")
-		return nil, true
-	}
+	e.Cancel()
+	return e.Wait(tb, 60*time.Second), true
 }

@@ -22,7 +22,7 @@ func TestSASLSCRAMConsumesAndApplies(t *testing.T) {
 
 	r := start(t, testConfig(t, addr, dbURL, props))
 	waitApplied(t, openPool(t, dbURL), n)
-	r.stop(t)
+	r.Stop(t)
 }
 
 // TestSASLWrongPasswordFailsClearly pins what a wrong SASL password does:
@@ -41,7 +41,7 @@ func TestSASLWrongPasswordFailsClearly(t *testing.T) {
 	logs := &testenv.Buffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	err, stopped := runUntil(t, ctx, cfg, debugLogger(logs))
+	err, stopped := runUntil(t, ctx, cfg, debugLog(logs))
 	t.Logf("engine: %v", err)
 	if stopped {
 		t.Fatalf("engine still running after 40s with a wrong SASL password; want the start to fail")
@@ -86,7 +86,7 @@ func TestTLSToKafka(t *testing.T) {
 			pool := openPool(t, dbURL)
 			r := start(t, cfg)
 			waitApplied(t, pool, int64(n*(i+1)))
-			r.stop(t)
+			r.Stop(t)
 		})
 	}
 }
@@ -103,7 +103,7 @@ func TestTLSUntrustedCertificateFailsClearly(t *testing.T) {
 	logs := &testenv.Buffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	err, stopped := runUntil(t, ctx, cfg, debugLogger(logs))
+	err, stopped := runUntil(t, ctx, cfg, debugLog(logs))
 	t.Logf("engine: %v", err)
 	if stopped || err == nil {
 		t.Errorf("engine did not fail against an untrusted broker certificate: err=%v", err)

@@ -111,7 +111,7 @@ func TestPostgresSSLModeHonoured(t *testing.T) {
 				logs := &testenv.Buffer{}
 				ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 				defer cancel()
-				err, stopped := runUntil(t, ctx, cfg, debugLogger(logs))
+				err, stopped := runUntil(t, ctx, cfg, debugLog(logs))
 				t.Logf("engine: %v", err)
 				if stopped || err == nil {
 					t.Fatalf("engine did not fail with %s: err=%v", tc.name, err)
@@ -141,7 +141,7 @@ func TestPostgresSSLModeHonoured(t *testing.T) {
 			if !tc.wantTLS && (plain == 0 || withTLS > 0) {
 				t.Errorf("sslmode %s: %d connections with TLS, %d without; want none with", tc.params["sslmode"], withTLS, plain)
 			}
-			r.stop(t)
+			r.Stop(t)
 			assertNoSecret(t, "logs", r.logs.String(), pgPassword)
 		})
 	}
@@ -202,7 +202,7 @@ func TestPostgresRequireAgainstServerWithoutTLS(t *testing.T) {
 	logs := &testenv.Buffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err, stopped := runUntil(t, ctx, cfg, debugLogger(logs))
+	err, stopped := runUntil(t, ctx, cfg, debugLog(logs))
 	t.Logf("engine: %v", err)
 	if stopped || err == nil {
 		t.Fatalf("engine did not fail with sslmode=require against a server without TLS: err=%v", err)

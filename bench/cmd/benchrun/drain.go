@@ -93,7 +93,7 @@ func drainCeiling(ctx context.Context, env *benchEnv, topic, group string, n int
 	}
 	var dec *event.Decoder
 	if decode {
-		dec = event.NewDecoder(config.FormatProtobuf)
+		dec = event.NewDecoder(event.FormatProtobuf)
 	}
 	var got, bad int64
 	var first time.Time

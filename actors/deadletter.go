@@ -1,0 +1,155 @@
+package actors
+
+// The dead-letter plumbing in one place. A partition cuts a batch and
+// starts writing its poison records to the dead-letter topic
+// (sendDeadLetters); the retry actor waits for that delivery (dlqWait)
+// before the batch's transaction may commit, and dead-letters the records
+// it isolates the same way. DLQClient carries the letters to the DLQ actor
+// (dlq.go), which produces them and answers once every delivery report
+// came back.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"ratchet/internal/event"
+	"ratchet/internal/store"
+)
+
+// DeadLetterer hands records that can never be applied to the dead-letter
+// topic and returns once all are durable there. It blocks (retrying) rather
+// than drop anything; it returns an error only when ctx ends.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, letters []Letter) error
+}
+
+// errDeadLetter marks a dead-letter write that failed (the DLQ actor
+// stopped, or the wait timed out) while the batch's context is alive. The
+// batch cannot go on without those letters, and retrying or isolating it
+// would only find the same failed write (and, isolating, dead-letter good
+// records for it): the batch is given back to the partition, which reads
+// its range again.
+var errDeadLetter = errors.New("dead-letter write failed")
+
+// dlqWait is a dead-letter request under way.
+type dlqWait struct {
+	done chan struct{}
+	err  error
+}
+
+func (w *dlqWait) wait(ctx context.Context) error {
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// sendDeadLetters starts writing letters to the partition's dead-letter
+// topic and returns the delivery to wait for and the rows that record the
+// letters in PostgreSQL. The write ends when the DLQ answered or ctx (the
+// partition incarnation's life) ended.
+func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, letters []Letter) (*dlqWait, []store.DeadLetter) {
+	now := time.Now()
+	rows := make([]store.DeadLetter, 0, len(letters))
+	for i := range letters {
+		letters[i].FailedAt = now
+		l := letters[i]
+		cfg.Logger.Warn("dead letter", "actor", "retry", "topic", l.Record.Topic, "partition", l.Record.Partition,
+			"offset", l.Record.Offset, "attempts", l.Attempts, "reason", l.Reason.Error())
+		rows = append(rows, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
+			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt})
+	}
+	w := &dlqWait{done: make(chan struct{})}
+	go func() { // ends when the DLQ answered or ctx ended
+		defer close(w.done)
+		if err := cfg.DLQ.DeadLetter(ctx, letters); err != nil {
+			w.err = fmt.Errorf("dead letter %s[%d]: %w", letters[0].Record.Topic, letters[0].Record.Partition, err)
+			if ctx.Err() == nil {
+				w.err = fmt.Errorf("%w: %w", errDeadLetter, w.err)
+			}
+			return
+		}
+		cfg.Metrics.DeadLetters.WithLabelValues(letters[0].Record.Topic).Add(float64(len(letters)))
+		cfg.Progress.DeadLetters.Add(int64(len(letters)))
+		for _, l := range letters {
+			// Poison: the value did not decode or broke a rule of the
+			// event contract (not a record the processor refused).
+			var pe *event.Error
+			if errors.As(l.Reason, &pe) {
+				cfg.Metrics.Poison.WithLabelValues(l.Record.Topic, string(pe.Kind)).Inc()
+			}
+		}
+	}()
+	return w, rows
+}
+
+// DLQClient is the DeadLetterer the retry actors use: it asks the DLQ actor
+// and waits for every delivery.
+type DLQClient struct {
+	Root *actor.RootContext
+	PID  *actor.PID
+	// Timeout bounds the wait for one request (zero: DefaultDLQTimeout).
+	// A request that takes longer is cancelled and fails: the batch it
+	// belongs to is read again and its letters are sent again, so a DLQ
+	// that cannot be written still blocks the partition, and no goroutine
+	// waits on it for ever.
+	Timeout time.Duration
+}
+
+// DefaultDLQTimeout is DLQClient's Timeout when none is set.
+const DefaultDLQTimeout = 2 * time.Minute
+
+// DeadLetter implements DeadLetterer. It returns when every letter is
+// durable, the DLQ actor failed the request (it stopped), the timeout
+// passed, or ctx ended; in the last two cases it cancels the request, so
+// the DLQ actor stops retrying it and its future completes.
+func (d DLQClient) DeadLetter(ctx context.Context, letters []Letter) error {
+	if len(letters) == 0 {
+		return nil
+	}
+	timeout := cmp.Or(d.Timeout, DefaultDLQTimeout)
+	req := &deadLetterRequest{letters: letters}
+	f := d.Root.RequestFuture(d.PID, req, timeout)
+	done := make(chan error, 1)
+	go func() { // ends when the future completes: the DLQ answers or fails the request, is gone, or the timeout passes
+		res, err := f.Result()
+		if err == nil {
+			switch r := res.(type) {
+			case *deadLettered:
+			case *deadLetterFailed:
+				err = r.err
+			default:
+				err = fmt.Errorf("unexpected reply %T", res)
+			}
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if errors.Is(err, actor.ErrTimeout) {
+			d.Root.Send(d.PID, &cancelDeadLetter{req: req})
+			return fmt.Errorf("dead letter: no delivery within %s: %w", timeout, err)
+		}
+		if err != nil {
+			return fmt.Errorf("dead letter: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		d.Root.Send(d.PID, &cancelDeadLetter{req: req})
+		return ctx.Err()
+	}
+}
+
+// DiscardDLQ is a DeadLetterer for processors run without a dead-letter
+// topic (tests, library use): the record is only logged and counted.
+type DiscardDLQ struct{}
+
+// DeadLetter implements DeadLetterer.
+func (DiscardDLQ) DeadLetter(context.Context, []Letter) error { return nil }
