@@ -3,7 +3,6 @@ package actors
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -24,13 +23,13 @@ type unclaimed struct {
 // committer.
 func (s *Supervisor) spawn(tp TopicPartition, st startOffset) error {
 	s.gen++
-	a := &assigned{tp: tp, gen: s.gen, buffered: new(atomic.Int64), progress: newProgress(st.start), epoch: claimEpoch(st.claim)}
+	a := &assigned{tp: tp, gen: s.gen, held: NewHeld(s.budget), progress: newProgress(st.start), epoch: claimEpoch(st.claim)}
 	a.progress.Committed.Store(st.committed)
 	pcfg := &PartitionConfig{
 		TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
 		Format: s.cfg.Format(tp.Topic), NewDecoder: s.cfg.NewDecoder, BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
 		Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
-		Buffered: a.buffered, Progress: a.progress, Seek: s.requestSeek,
+		Held: a.held, Progress: a.progress, Seek: s.requestSeek,
 		PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
 	}
 	res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()

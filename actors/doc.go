@@ -66,14 +66,20 @@
 //
 //  1. Poll. The poll loop (Supervisor.poll, supervisor.go) calls
 //     consumer.Poll and keeps each *kafka.Message in its partition's
-//     pending list (handle). Before every poll, backpressure looks at the
-//     records each partition holds: above
-//     processing.max_buffered_per_partition the loop holds off for up to
-//     holdFor, then pauses that partition; it resumes below half. Records
-//     fetched while the consumer stops are dropped.
+//     pending list (handle). Before every poll, backpressure (budget.go)
+//     looks at the instance's memory budget and at the partitions over
+//     their cap: with the budget full the loop takes nothing; above its
+//     cap (its share of processing.memory_budget, at most
+//     processing.max_buffered_per_partition records) a partition makes the
+//     loop hold off for up to holdFor, then is paused; it resumes below
+//     half. A round ends early when the budget fills or a partition
+//     reaches its cap. Records fetched while the consumer stops are
+//     dropped.
 //  2. Records. At the end of a poll round flushPending adds the round's
-//     records to the partition's Buffered count and sends them as one
-//     Records message, stamped with the partition's seek generation.
+//     records and their bytes to the partition's Held count (and the
+//     budget) and sends them as one Records message, stamped with the
+//     partition's seek generation; the partition releases them when they
+//     are applied or dropped.
 //  3. Queue and cut. The partition actor (Partition.enqueue) drops records
 //     of an older seek generation, records it already queued or applied
 //     (a redelivery), and everything while it waits for a seek or after it

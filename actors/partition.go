@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -37,10 +36,11 @@ type PartitionConfig struct {
 	Committer *actor.PID
 	DLQ       DeadLetterer
 	DLQTopic  string // where this partition's dead letters go
-	// Buffered counts records handed to this partition and not yet applied
-	// or dropped. The poll loop adds, the actor subtracts; the poll loop
-	// pauses the partition above the configured bound.
-	Buffered *atomic.Int64
+	// Held counts the records (and their bytes) handed to this partition
+	// and not yet applied or dropped, against the instance's memory
+	// budget. The poll loop adds, the actor releases; the poll loop pauses
+	// the partition above its cap (budget.go).
+	Held *Held
 	// Progress is published for observers (page, readiness, lag).
 	Progress *Progress
 	// PanicLimit is how often a batch start may panic (each time a
@@ -120,10 +120,12 @@ type Partition struct {
 	// decoding happens when a batch is cut, so a full buffer costs the raw
 	// records only.
 	queue      []*kafka.Message
+	queueBytes int64     // recordBytes of queue
 	firstAt    time.Time // arrival of queue[0]
 	lastQueued int64     // offset after the last queued record
 	inFlight   *applyBatch
-	inFlightN  int // raw records the batch in flight covers
+	inFlightN  int   // raw records the batch in flight covers
+	inFlightB  int64 // and their recordBytes
 	// ready holds up to cutAhead full batches after inFlight, cut and
 	// decoded while it is in its transaction, their dead letters already on
 	// their way; the first is sent the moment inFlight is applied. Only
@@ -147,10 +149,12 @@ type Partition struct {
 	timerSeq    uint64
 }
 
-// cutBatch is a batch cut ahead and the raw records it covers.
+// cutBatch is a batch cut ahead, the raw records it covers and their
+// recordBytes.
 type cutBatch struct {
-	msg *applyBatch
-	n   int
+	msg   *applyBatch
+	n     int
+	bytes int64
 }
 
 // cutAhead bounds the batches a partition cuts ahead of the one in flight.
@@ -209,8 +213,8 @@ func (p *Partition) Receive(c actor.Context) {
 		// Records still queued were never applied: they are no longer ours
 		// to account for (a restart re-reads them after the seek, a stop
 		// hands them to the next owner).
-		p.release(len(p.queue) + p.inFlightN)
-		p.queue, p.inFlight, p.inFlightN = nil, nil, 0
+		p.release(len(p.queue)+p.inFlightN, p.queueBytes+p.inFlightB)
+		p.queue, p.queueBytes, p.inFlight, p.inFlightN, p.inFlightB = nil, 0, nil, 0, 0
 		p.dropReady()
 		// The batch in flight is gone unapplied: the watermark is final
 		// for this incarnation.
@@ -249,14 +253,15 @@ func (p *Partition) seeked(c actor.Context, msg *Seeked) {
 
 func (p *Partition) enqueue(c actor.Context, msg *Records) {
 	if p.awaitSeek || msg.Seek < p.state.seek || p.state.fenced {
-		p.release(len(msg.Msgs))
+		p.release(len(msg.Msgs), messagesBytes(msg.Msgs))
 		return
 	}
-	dropped := 0
+	dropped, droppedBytes := 0, int64(0)
 	for _, m := range msg.Msgs {
 		off := int64(m.TopicPartition.Offset)
 		if p.lastQueued >= 0 && off < p.lastQueued {
 			dropped++ // already applied or already queued: a redelivery
+			droppedBytes += recordBytes(m)
 			continue
 		}
 		if p.state.next < 0 {
@@ -267,8 +272,9 @@ func (p *Partition) enqueue(c actor.Context, msg *Records) {
 			p.firstAt = time.Now()
 		}
 		p.queue = append(p.queue, m)
+		p.queueBytes += recordBytes(m)
 	}
-	p.release(dropped)
+	p.release(dropped, droppedBytes)
 	p.maybeDispatch(c, false)
 }
 
@@ -407,8 +413,8 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 	}
 	if p.inFlight != nil {
 		for len(p.ready) < cutAhead && len(p.queue) >= p.cfg.BatchSize && !p.awaitLookups(c, p.cfg.BatchSize) {
-			b, n := p.cut(p.cfg.BatchSize)
-			p.ready = append(p.ready, cutBatch{msg: b, n: n})
+			b, n, bytes := p.cut(p.cfg.BatchSize)
+			p.ready = append(p.ready, cutBatch{msg: b, n: n, bytes: bytes})
 		}
 		return
 	}
@@ -423,16 +429,18 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 	if p.awaitLookups(c, min(len(p.queue), p.cfg.BatchSize)) {
 		return // lookedUp dispatches
 	}
-	b, n := p.cut(min(len(p.queue), p.cfg.BatchSize))
-	p.send(c, b, n)
+	b, n, bytes := p.cut(min(len(p.queue), p.cfg.BatchSize))
+	p.send(c, b, n, bytes)
 	p.maybeDispatch(c, false) // cut the next one ahead
 }
 
 // cut takes the first n queued records as the batch after the one in
 // flight (or the next to apply), decodes them, and starts writing the ones
-// that do not decode to the dead-letter topic.
-func (p *Partition) cut(n int) (*applyBatch, int) {
+// that do not decode to the dead-letter topic. It returns the batch and the
+// raw records it covers, with their recordBytes.
+func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 	take := p.queue[:n]
+	bytes := messagesBytes(take)
 	start := p.state.next
 	switch {
 	case len(p.ready) > 0:
@@ -468,15 +476,20 @@ func (p *Partition) cut(n int) (*applyBatch, int) {
 	// the garbage collector can free them, and reslice.
 	clear(take)
 	p.queue = p.queue[n:]
+	p.queueBytes -= bytes
 	if len(p.queue) > 0 {
 		p.firstAt = time.Now()
+	} else {
+		// Let the array go: an idle partition keeps nothing, and with
+		// a thousand partitions their emptied arrays added up to 15 MB.
+		p.queue = nil
 	}
-	return msg, n
+	return msg, n, bytes
 }
 
 // send hands a cut batch to the retry actor.
-func (p *Partition) send(c actor.Context, msg *applyBatch, n int) {
-	p.inFlight, p.inFlightN = msg, n
+func (p *Partition) send(c actor.Context, msg *applyBatch, n int, bytes int64) {
+	p.inFlight, p.inFlightN, p.inFlightB = msg, n, bytes
 	p.stopTimer()
 	c.Send(p.retry, msg)
 }
@@ -485,7 +498,7 @@ func (p *Partition) send(c actor.Context, msg *applyBatch, n int) {
 // a seek, or are the next owner's.
 func (p *Partition) dropReady() {
 	for _, r := range p.ready {
-		p.release(r.n)
+		p.release(r.n, r.bytes)
 	}
 	clear(p.ready)
 	p.ready = p.ready[:0]
@@ -512,9 +525,9 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		c.Send(p.retry, &again)
 		return
 	}
-	n := p.inFlightN
-	p.inFlight, p.inFlightN = nil, 0
-	p.release(n)
+	n, bytes := p.inFlightN, p.inFlightB
+	p.inFlight, p.inFlightN, p.inFlightB = nil, 0, 0
+	p.release(n, bytes)
 	if msg.err != nil {
 		var conflict *store.OffsetConflictError
 		if errors.As(msg.err, &conflict) && conflict.Kind != store.Fenced && conflict.StoredEpoch == conflict.Epoch {
@@ -538,8 +551,8 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
 			p.log().Error("batch refused by the offset guard; partition stopped", "offset", msg.start,
 				"epoch", p.epoch(), "err", msg.err)
-			p.release(len(p.queue))
-			p.queue = nil
+			p.release(len(p.queue), p.queueBytes)
+			p.queue, p.queueBytes = nil, 0
 			p.dropReady()
 			p.answerDrainers(c)
 			return
@@ -572,7 +585,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		next := p.ready[0]
 		p.ready[0] = cutBatch{}
 		p.ready = p.ready[1:]
-		p.send(c, next.msg, next.n)
+		p.send(c, next.msg, next.n, next.bytes)
 		p.maybeDispatch(c, false)
 		return
 	}
@@ -588,8 +601,8 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 // until the seek is confirmed. A drain waiting is answered: nothing is in
 // flight any more.
 func (p *Partition) rewind(c actor.Context) {
-	p.release(len(p.queue))
-	p.queue = nil
+	p.release(len(p.queue), p.queueBytes)
+	p.queue, p.queueBytes = nil, 0
 	p.dropReady()
 	p.lastQueued = p.state.next
 	p.awaitSeek = true
@@ -611,10 +624,10 @@ func (p *Partition) epoch() int64 {
 	return p.cfg.Claim.Epoch
 }
 
-func (p *Partition) release(n int) {
-	if n > 0 {
-		p.cfg.Buffered.Add(int64(-n))
-	}
+// release gives back n records of bytes to the partition's count and the
+// budget.
+func (p *Partition) release(n int, bytes int64) {
+	p.cfg.Held.Release(n, bytes)
 }
 
 func (p *Partition) armTimer(c actor.Context, d time.Duration) {

@@ -93,7 +93,7 @@ func startDecodingPartition(t *testing.T, app Applier, dlq DeadLetterer, dec Val
 		TP: TopicPartition{Topic: "events", Partition: 0}, Start: 0, BatchSize: 4, Linger: time.Millisecond,
 		Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxAttempts: 1},
 		Applier: app, Committer: sink, DLQ: dlq, DLQTopic: "events.dlq",
-		Buffered: new(atomic.Int64), Progress: &Progress{}, PanicLimit: 3,
+		Held: NewHeld(nil), Progress: &Progress{}, PanicLimit: 3,
 		Seek:    func(*actor.PID, TopicPartition, int64) {},
 		Metrics: metrics.New(prometheus.NewRegistry()),
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -127,7 +127,7 @@ func TestPartitionWaitsForLookups(t *testing.T) {
 	for off := range int64(10) {
 		msgs = append(msgs, message(off, []byte{byte('a' + off%3)}))
 	}
-	cfg.Buffered.Add(int64(len(msgs)))
+	cfg.Held.Add(len(msgs), messagesBytes(msgs))
 	sys.Root.Send(pid, &Records{Msgs: msgs})
 
 	testenv.Eventually(t, 10*time.Second, func() bool {
@@ -160,7 +160,7 @@ func TestPartitionPassesRecordMetadata(t *testing.T) {
 	m.Key = []byte("k1")
 	m.Timestamp, m.TimestampType = ts, kafka.TimestampLogAppendTime
 	m.Headers = []kafka.Header{{Key: "trace", Value: []byte("t1")}, {Key: "trace", Value: []byte("t2")}, {Key: "empty"}}
-	cfg.Buffered.Add(1)
+	cfg.Held.Add(1, recordBytes(m))
 	sys.Root.Send(pid, &Records{Msgs: []*kafka.Message{m}})
 	testenv.Eventually(t, 10*time.Second, func() bool { return len(app.records()) == 1 }, "the record applied")
 	r := app.records()[0]

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,12 +95,12 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	dlq := &recordingDLQ{gate: app}
 	sink := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 	tp := TopicPartition{Topic: "events", Partition: 0}
-	var buffered atomic.Int64
+	held := NewHeld(nil)
 	cfg := &PartitionConfig{
 		TP: tp, Start: 0, Format: "protobuf", BatchSize: 4, Linger: time.Hour,
 		Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 1},
 		Applier: app, Committer: sink, DLQ: dlq, DLQTopic: "events.dlq",
-		Buffered: &buffered, Progress: &Progress{}, PanicLimit: 3,
+		Held: held, Progress: &Progress{}, PanicLimit: 3,
 		Seek:    func(*actor.PID, TopicPartition, int64) {},
 		Metrics: metrics.New(prometheus.NewRegistry()),
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -122,7 +121,7 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 		}
 		msgs = append(msgs, &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Offset: kafka.Offset(off)}, Value: v})
 	}
-	buffered.Add(int64(len(msgs)))
+	held.Add(len(msgs), messagesBytes(msgs))
 	sys.Root.Send(pid, &Records{Msgs: msgs})
 
 	<-app.held // batch [0, 4) is in its transaction
@@ -159,8 +158,8 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 		got[2].Start != 8 || got[2].Next != 12 || len(got[1].Records) != 3 || len(got[2].Records) != 3 {
 		t.Errorf("batches %+v; want [0,4) with 4 records, [4,8) and [8,12) with 3", got)
 	}
-	if n := buffered.Load(); n != 0 {
-		t.Errorf("%d records still counted as buffered", n)
+	if n, b := held.Records(), held.Bytes(); n != 0 || b != 0 {
+		t.Errorf("%d records (%d bytes) still counted as held", n, b)
 	}
 	if got := testutil.ToFloat64(cfg.Metrics.Poison.WithLabelValues("events", "decode")); got != 2 {
 		t.Errorf("ratchet_poison_records_total{reason=decode} = %v, want 2", got)
@@ -170,19 +169,19 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 // partitionHarness is one partition actor of events[0], spawned from the
 // root (a panic restarts it), with the watermarks it asks to seek back to.
 type partitionHarness struct {
-	sys      *actor.ActorSystem
-	pid      *actor.PID
-	cfg      *PartitionConfig
-	buffered *atomic.Int64
-	seeks    chan int64
+	sys   *actor.ActorSystem
+	pid   *actor.PID
+	cfg   *PartitionConfig
+	held  *Held
+	seeks chan int64
 }
 
 func startPartition(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int) *partitionHarness {
 	tb.Helper()
 	h := &partitionHarness{
-		sys:      actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) })),
-		buffered: &atomic.Int64{},
-		seeks:    make(chan int64, 16),
+		sys:   actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) })),
+		held:  NewHeld(nil),
+		seeks: make(chan int64, 16),
 	}
 	sink := h.sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 	h.cfg = &PartitionConfig{
@@ -191,7 +190,7 @@ func startPartition(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int)
 		Claim:   &store.Claim{Group: "g", Topic: "events", Partition: 0, Epoch: 1},
 		Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 1},
 		Applier: app, Committer: sink, DLQ: dlq, DLQTopic: "events.dlq",
-		Buffered: h.buffered, Progress: &Progress{}, PanicLimit: 3,
+		Held: h.held, Progress: &Progress{}, PanicLimit: 3,
 		Seek:    func(_ *actor.PID, _ TopicPartition, next int64) { h.seeks <- next },
 		Metrics: metrics.New(prometheus.NewRegistry()),
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -218,7 +217,7 @@ func (h *partitionHarness) send(tb testing.TB, seek uint64, from, to int64, pois
 		}
 		msgs = append(msgs, &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Offset: kafka.Offset(off)}, Value: v})
 	}
-	h.buffered.Add(int64(len(msgs)))
+	h.held.Add(len(msgs), messagesBytes(msgs))
 	h.sys.Root.Send(h.pid, &Records{Seek: seek, Msgs: msgs})
 }
 
@@ -354,8 +353,8 @@ func TestAbandonedBatchIsReadAgain(t *testing.T) {
 	if !slices.Equal(dead, []int64{0}) {
 		t.Errorf("dead letters %v, want [0]", dead)
 	}
-	if n := h.buffered.Load(); n != 0 {
-		t.Errorf("%d records still counted as buffered", n)
+	if n, b := h.held.Records(), h.held.Bytes(); n != 0 || b != 0 {
+		t.Errorf("%d records (%d bytes) still counted as held", n, b)
 	}
 }
 

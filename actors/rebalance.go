@@ -126,8 +126,10 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 			}
 		}
 	}
+	marks := queryWatermarks(c, parts, s.cfg.DrainTimeout)
+	claims := s.claimAll(ctx, parts, committed, marks)
 	for i, p := range parts {
-		low, high, err := c.QueryWatermarkOffsets(*p.Topic, p.Partition, int(s.cfg.DrainTimeout/time.Millisecond))
+		low, high, err := marks[i].low, marks[i].high, marks[i].err
 		if err != nil {
 			out[i] = startOffset{err: fmt.Errorf("query watermarks: %w", err)}
 			continue
@@ -147,7 +149,7 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 			out[i] = startOffset{start: pos.Start, committed: committed[i]}
 			continue
 		}
-		cl, err := s.cfg.Claim(ctx, *p.Topic, p.Partition, claimFallback(committed[i], low, high, s.cfg.AutoOffsetReset))
+		cl, err := claims[i].claim, claims[i].err
 		if err != nil {
 			out[i] = startOffset{err: err}
 			continue

@@ -11,16 +11,18 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
 )
 
-// ClaimFunc claims a partition for this instance in the offset store
-// (exactly-once): the epoch grows by one and the stored position is
-// returned. fallback is the position for a partition the store has never
-// seen.
-type ClaimFunc func(ctx context.Context, topic string, partition int32, fallback int64) (store.Claim, error)
+// ClaimFunc claims partitions for this instance in the offset store
+// (exactly-once), in as few round trips as it can: each claim raises the
+// partition's epoch by one and returns its stored position; Fallback is
+// the position of a partition the store has never seen. It returns a claim
+// and an error per request, in order (store.ClaimPartitions).
+type ClaimFunc func(ctx context.Context, reqs []store.ClaimRequest) ([]store.Claim, []error)
 
 // SupervisorConfig configures the supervisor and its poll loop.
 type SupervisorConfig struct {
@@ -46,10 +48,15 @@ type SupervisorConfig struct {
 	AutoOffsetReset string
 	BatchSize       int
 	Linger          time.Duration
-	MaxBuffered     int
-	Retry           RetryPolicy
-	Applier         Applier
-	DLQ             DeadLetterer
+	// MaxBuffered is the most records one partition holds
+	// (processing.max_buffered_per_partition); 0: no bound but the budget.
+	MaxBuffered int
+	// MemoryBudget is the bytes all partitions hold together
+	// (processing.memory_budget, see Budget); 0: no budget.
+	MemoryBudget int64
+	Retry        RetryPolicy
+	Applier      Applier
+	DLQ          DeadLetterer
 	// DLQTopic returns the dead-letter topic of an input topic.
 	DLQTopic  func(topic string) string
 	Committer *actor.PID
@@ -103,6 +110,22 @@ type Supervisor struct {
 	lastSnap       time.Time
 	lastRecs       map[TopicPartition]int64
 
+	// Backpressure (budget.go). budget counts what partition actors hold;
+	// roundBytes is what this round of the poll loop read and has not yet
+	// handed over; roundOver is set when a partition's share of it took
+	// the partition over its cap, which ends the round;
+	// handed over; touched lists the partitions with records pending;
+	// watch the partitions over their cap. fullSince is when the budget
+	// became full; squeezed is set while every partition is paused
+	// because it stayed full.
+	budget     *Budget
+	roundBytes int64
+	roundOver  bool
+	touched    []*assigned
+	watch      []*assigned
+	fullSince  time.Time
+	squeezed   bool
+
 	// The stop (see group.go). stopping is set while the consumer is being
 	// stopped: records are dropped, and partitions assigned meanwhile are
 	// parked (assigned and paused, never consumed). deadline bounds the
@@ -135,26 +158,26 @@ type assigned struct {
 	epoch    int64
 	gen      uint64
 	seek     uint64
-	buffered *atomic.Int64
+	held     *Held
 	paused   bool
-	// overSince is when buffered went over the bound without the
-	// partition being paused yet (zero when it is not over).
+	// capped is set while the partition is paused for being over its cap
+	// (budget.go); watched while it is on the watch list. overSince is
+	// when it went over its cap without being paused yet (zero when it
+	// is not over).
+	capped    bool
+	watched   bool
 	overSince time.Time
+	lag       prometheus.Gauge // its lag gauge, looked up once
 	// pending holds the records read in this round of the poll loop, not
-	// yet handed to the actor.
-	pending []*kafka.Message
+	// yet handed to the actor, and pendingBytes their recordBytes.
+	pending      []*kafka.Message
+	pendingBytes int64
 }
 
 // holdFor is how long the poll loop stops taking records while a partition
-// holds more than MaxBuffered, before it pauses that partition instead. A
-// pause makes librdkafka drop what it prefetched for the partition and
-// fetch it again on resume (PITFALLS A8): in a backlog drain, where every
-// partition keeps reaching the bound, pausing cost a third of the
-// throughput (make bench with a bound that is never reached: (b) 409k
-// events/s against 284k). Holding off costs nothing but leaves all
-// partitions waiting on the fullest one, so a partition that stays full
-// (its database or DLQ is failing) is paused after holdFor and the others
-// go on. Rebalance callbacks run inside Poll and wait at most this long.
+// is over its cap, or the whole budget is full, before it pauses instead
+// (see partitionPressure). Rebalance callbacks run inside Poll and wait at
+// most this long.
 const holdFor = 500 * time.Millisecond
 
 type seekRequest struct {
@@ -176,9 +199,13 @@ func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor 
 		parked:      make(map[TopicPartition]bool),
 		returned:    make(map[TopicPartition]bool),
 		lostApplied: make(map[TopicPartition]int64),
+		budget:      NewBudget(cfg.MemoryBudget),
 		unclaimed:   make(map[TopicPartition]*unclaimed),
 	}
 }
+
+// Budget returns the memory budget the partition actors share.
+func (s *Supervisor) Budget() *Budget { return s.budget }
 
 // Board returns the supervisor's status board.
 func (s *Supervisor) Board() *Board { return s.board }
@@ -199,6 +226,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	s.pid = pid
 	defer func() { _ = s.system.Root.StopFuture(pid).Wait() }()
+	s.cfg.Metrics.BudgetBytes.Set(float64(s.budget.Limit()))
 
 	for {
 		c, err := s.cfg.NewConsumer()
@@ -252,6 +280,7 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 	}
 	s.downSince = time.Time{}
 	s.idleSince, s.idleWarned = time.Time{}, false
+	s.watch, s.touched, s.roundBytes, s.roundOver, s.fullSince, s.squeezed = nil, nil, 0, false, time.Time{}, false
 	for ctx.Err() == nil {
 		select {
 		case tp := <-s.overBudget:
@@ -268,9 +297,10 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 		s.serveSeeks()
 		s.retryClaims()
 		if s.backpressure() {
-			// A partition is over its bound and not yet paused: take no
-			// records for a moment (librdkafka keeps what it prefetched;
-			// its own bound stops the fetching), then look again.
+			// A partition is over its cap and not yet paused, or the
+			// budget is full: take no records for a moment (librdkafka
+			// keeps what it prefetched; its own bound stops the
+			// fetching), then look again.
 			if err := sleep(ctx, 2*time.Millisecond); err != nil {
 				return "", nil
 			}
@@ -280,8 +310,12 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 			return r, err
 		}
 		// Take what is already fetched without waiting, so records reach
-		// their partitions in runs rather than one message at a time.
+		// their partitions in runs rather than one message at a time,
+		// while the budget has room.
 		for range 1000 {
+			if s.roundOver || s.budget.full(s.roundBytes) {
+				break
+			}
 			ev := s.consumer.Poll(0)
 			if ev == nil {
 				break
@@ -316,7 +350,10 @@ func (s *Supervisor) snapshot() {
 			snap.End = high
 			pos := max(snap.Next, 0)
 			snap.Lag = max(high-pos, 0)
-			s.cfg.Metrics.Lag.WithLabelValues(tp.Topic, metrics.Partition(tp.Partition)).Set(float64(snap.Lag))
+			if a.lag == nil {
+				a.lag = s.cfg.Metrics.Lag.WithLabelValues(tp.Topic, metrics.Partition(tp.Partition))
+			}
+			a.lag.Set(float64(snap.Lag))
 		}
 		if prev, ok := s.lastRecs[tp]; ok && elapsed > 0 {
 			snap.RatePerSec = float64(snap.Records-prev) / elapsed
@@ -329,6 +366,8 @@ func (s *Supervisor) snapshot() {
 			delete(s.lastRecs, tp)
 		}
 	}
+	s.cfg.Metrics.HeldBytes.Set(float64(s.budget.Held()))
+	s.cfg.Metrics.HeldBytesPeak.Set(float64(s.budget.Peak()))
 	s.board.publish(out, now)
 }
 
@@ -347,7 +386,15 @@ func (s *Supervisor) handle(ev kafka.Event) (string, error) {
 		}
 		tp := TopicPartition{Topic: *e.TopicPartition.Topic, Partition: e.TopicPartition.Partition}
 		if a, ok := s.parts[tp]; ok {
+			if len(a.pending) == 0 {
+				s.touched = append(s.touched, a)
+				a.pendingBytes = 0 // emptied by a seek or a stop meanwhile
+			}
 			a.pending = append(a.pending, e)
+			n := recordBytes(e)
+			s.roundBytes += n
+			a.pendingBytes += n
+			s.roundOver = s.roundOver || s.overCap(a, len(a.pending), a.pendingBytes)
 		}
 	case kafka.Error:
 		if e.IsFatal() {
@@ -372,54 +419,24 @@ func (s *Supervisor) handle(ev kafka.Event) (string, error) {
 	return "", nil
 }
 
-// flushPending hands the records read in this round to their partitions.
+// flushPending hands the records read in this round to their partitions
+// and counts them against the budget.
 func (s *Supervisor) flushPending() {
-	for _, a := range s.parts {
-		if len(a.pending) == 0 {
+	for _, a := range s.touched {
+		// A partition revoked in this round (inside Poll) is no longer
+		// in parts; one seeked has nothing pending any more.
+		if len(a.pending) == 0 || s.parts[a.tp] != a {
+			a.pending, a.pendingBytes = nil, 0
 			continue
 		}
-		a.buffered.Add(int64(len(a.pending)))
+		a.held.Add(len(a.pending), a.pendingBytes)
 		s.system.Root.Send(a.pid, &Records{Seek: a.seek, Msgs: a.pending})
-		a.pending = a.pending[:0:0]
+		a.pending, a.pendingBytes = nil, 0
+		s.watchIfOver(a)
 	}
-}
-
-// backpressure bounds what partition actors hold. A partition above
-// MaxBuffered makes it report true (the poll loop then holds off) until it
-// has been over for holdFor; then it is paused, and resumed below half of
-// the bound. Memory stays bounded while a partition is slow or retrying.
-func (s *Supervisor) backpressure() (hold bool) {
-	limit := int64(s.cfg.MaxBuffered)
-	now := time.Now()
-	for tp, a := range s.parts {
-		n := a.buffered.Load()
-		switch {
-		case !a.paused && n > limit:
-			if a.overSince.IsZero() {
-				a.overSince = now
-			}
-			if now.Sub(a.overSince) < holdFor {
-				hold = true
-				continue
-			}
-			if err := s.consumer.Pause([]kafka.TopicPartition{ktp(tp, kafka.OffsetInvalid)}); err != nil {
-				s.cfg.Logger.Warn("pause partition", "topic", tp.Topic, "partition", tp.Partition, "err", err)
-				continue
-			}
-			a.paused, a.overSince = true, time.Time{}
-			s.cfg.Metrics.Paused.Inc()
-		case !a.paused:
-			a.overSince = time.Time{}
-		case n < limit/2:
-			if err := s.consumer.Resume([]kafka.TopicPartition{ktp(tp, kafka.OffsetInvalid)}); err != nil {
-				s.cfg.Logger.Warn("resume partition", "topic", tp.Topic, "partition", tp.Partition, "err", err)
-				continue
-			}
-			a.paused = false
-			s.cfg.Metrics.Paused.Dec()
-		}
-	}
-	return hold
+	clear(s.touched)
+	s.touched = s.touched[:0]
+	s.roundBytes, s.roundOver = 0, false
 }
 
 // serveSeeks moves partitions of restarted actors back to their watermark.

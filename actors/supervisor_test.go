@@ -1,28 +1,76 @@
 package actors
 
 import (
-	"sync/atomic"
+	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"ratchet/internal/metrics"
 )
 
-// TestBackpressureHoldsBeforePausing: a partition just over its bound makes
-// the poll loop hold off instead of pausing it (a pause drops librdkafka's
-// prefetch); under the bound again, nothing is held. Pausing a partition
-// that stays full is proved end to end by test/faults TestPostgresCut15s.
-func TestBackpressureHoldsBeforePausing(t *testing.T) {
-	var n atomic.Int64
-	tp := TopicPartition{Topic: "events", Partition: 0}
-	a := &assigned{buffered: &n}
-	s := &Supervisor{cfg: SupervisorConfig{MaxBuffered: 100}, parts: map[TopicPartition]*assigned{tp: a}}
-
-	n.Store(100)
-	if s.backpressure() {
-		t.Fatal("held at the bound")
+func TestPartitionPressure(t *testing.T) {
+	const capBytes, capRecords = 1000, 100
+	cases := []struct {
+		name           string
+		bytes, records int64
+		paused         bool
+		overFor        time.Duration
+		want           pressure
+	}{
+		{"under both caps", 1000, 100, false, 0, pressureNone},
+		{"just over the bytes", 1001, 1, false, 0, pressureHold},
+		{"just over the records", 10, 101, false, 0, pressureHold},
+		{"over, still holding", 5000, 1, false, holdFor - time.Millisecond, pressureHold},
+		{"over for holdFor", 5000, 1, false, holdFor, pressurePause},
+		{"paused, above half", 501, 1, true, 0, pressureNone},
+		{"paused, records above half", 10, 51, true, 0, pressureNone},
+		{"paused, down to half", 500, 50, true, 0, pressureResume},
 	}
-	n.Store(101)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := partitionPressure(c.bytes, c.records, capBytes, capRecords, c.paused, c.overFor); got != c.want {
+				t.Errorf("partitionPressure = %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
+func TestPartitionCap(t *testing.T) {
+	b := NewBudget(64 << 20)
+	for _, c := range []struct {
+		partitions int
+		want       int64
+	}{
+		{0, 64 << 20}, {1, 64 << 20}, {4, 16 << 20}, {8, 8 << 20}, {12, 8 << 20}, {1024, 8 << 20},
+	} {
+		if got := b.partitionCap(c.partitions); got != c.want {
+			t.Errorf("cap of one of %d partitions = %d, want %d", c.partitions, got, c.want)
+		}
+	}
+}
+
+// TestBackpressureHoldsBeforePausing: a partition just over its cap makes
+// the poll loop hold off instead of pausing it (a pause drops librdkafka's
+// prefetch); under the cap again, nothing is held. A full budget holds the
+// poll loop too. Pausing a partition that stays full is proved end to end
+// by TestStuckPartitionDoesNotBlockOthers and test/faults TestPostgresCut15s.
+func TestBackpressureHoldsBeforePausing(t *testing.T) {
+	tp := TopicPartition{Topic: "events", Partition: 0}
+	budget := NewBudget(1 << 20)
+	a := &assigned{tp: tp, held: NewHeld(budget)}
+	s := &Supervisor{cfg: SupervisorConfig{MaxBuffered: 100}, parts: map[TopicPartition]*assigned{tp: a}, budget: budget}
+
+	a.held.Add(100, 100*recordOverhead)
+	s.watchIfOver(a)
+	if s.backpressure() || a.watched {
+		t.Fatal("held at the cap")
+	}
+	a.held.Add(1, recordOverhead)
+	s.watchIfOver(a)
 	if !s.backpressure() {
-		t.Fatal("not held above the bound")
+		t.Fatal("not held above the cap")
 	}
 	if a.paused || a.overSince.IsZero() {
 		t.Fatalf("paused %v, over since %v; want a hold, not a pause", a.paused, a.overSince)
@@ -33,8 +81,74 @@ func TestBackpressureHoldsBeforePausing(t *testing.T) {
 			t.Fatal("a second look must keep holding from the same moment")
 		}
 	}
-	n.Store(40)
-	if s.backpressure() || !a.overSince.IsZero() {
-		t.Fatalf("still held (over since %v) below the bound", a.overSince)
+	a.held.Release(61, 61*recordOverhead)
+	if s.backpressure() || !a.overSince.IsZero() || a.watched {
+		t.Fatalf("still held (over since %v) below the cap", a.overSince)
+	}
+
+	// The budget full: held, whatever the partition's cap says.
+	a.held.Release(40, 40*recordOverhead)
+	a.held.Add(1, 1<<20)
+	if !s.backpressure() || s.fullSince.IsZero() {
+		t.Fatal("not held with the budget full")
+	}
+	if !budget.full(0) || budget.Peak() < 1<<20 {
+		t.Fatalf("budget held %d (peak %d), want full", budget.Held(), budget.Peak())
+	}
+	a.held.Release(1, 1<<20)
+	if s.backpressure() || !s.fullSince.IsZero() {
+		t.Fatal("held with the budget free")
+	}
+}
+
+// TestSqueezeLetsStuckPartitionsGo: the budget stays full with nothing
+// applied, so every partition is paused. Five partitions that stopped
+// applying hold most of it; once the others have applied what they held,
+// they are resumed although more than half the budget is still held (by
+// the five, which stay paused at their cap).
+func TestSqueezeLetsStuckPartitionsGo(t *testing.T) {
+	const partitions, stuck = 16, 5
+	budget := NewBudget(16000) // cap max(1000, 2000) = 2000 bytes a partition
+	s := &Supervisor{cfg: SupervisorConfig{MaxBuffered: 100000, Metrics: metrics.New(prometheus.NewRegistry()),
+		Logger: slog.New(slog.DiscardHandler)}, parts: map[TopicPartition]*assigned{}, budget: budget}
+	var all []*assigned
+	for p := range int32(partitions) {
+		a := &assigned{tp: TopicPartition{Topic: "events", Partition: p}, held: NewHeld(budget)}
+		s.parts[a.tp] = a
+		all = append(all, a)
+		if p < stuck {
+			a.held.Add(4, 2000)
+		} else {
+			a.held.Add(1, 600)
+		}
+		s.watchIfOver(a)
+	}
+	if !s.backpressure() {
+		t.Fatal("not held with the budget full")
+	}
+	s.fullSince = time.Now().Add(-holdFor) // nothing applied for holdFor
+	s.backpressure()
+	if !s.squeezed {
+		t.Fatal("not squeezed after the budget stayed full for holdFor")
+	}
+	for _, a := range all {
+		if !a.paused || a.capped != (a.tp.Partition < stuck) {
+			t.Fatalf("%s: paused %v capped %v after the squeeze", a.tp, a.paused, a.capped)
+		}
+	}
+	if s.backpressure() || !s.squeezed {
+		t.Fatal("resumed before anything was applied")
+	}
+	for _, a := range all[stuck:] {
+		a.held.Release(1, 600) // the healthy partitions apply what they held
+	}
+	s.backpressure()
+	if s.squeezed {
+		t.Fatalf("still squeezed with %d of %d bytes held by the stuck partitions", budget.Held(), budget.Limit())
+	}
+	for _, a := range all {
+		if a.paused != (a.tp.Partition < stuck) {
+			t.Errorf("%s: paused %v, want only the stuck partitions paused", a.tp, a.paused)
+		}
 	}
 }

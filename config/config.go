@@ -90,9 +90,54 @@ type Postgres struct {
 
 // Processing is the processing section: batching and back-pressure.
 type Processing struct {
-	BatchSize               int           // processing.batch_size, max records per transaction
-	BatchLinger             time.Duration // processing.batch_linger, max wait to fill a batch
-	MaxBufferedPerPartition int           // processing.max_buffered_per_partition, pause above this
+	BatchSize   int           // processing.batch_size, max records per transaction
+	BatchLinger time.Duration // processing.batch_linger, max wait to fill a batch
+	// MaxBufferedPerPartition (processing.max_buffered_per_partition) is
+	// the most records one partition holds, however much of MemoryBudget
+	// is free: it bounds what a slow or stuck partition keeps.
+	MaxBufferedPerPartition int
+	// MemoryBudget (processing.memory_budget) bounds the bytes of records
+	// all partitions of the instance hold together, whatever their number
+	// (see actors.Budget for what counts and how it is shared).
+	MemoryBudget ByteSize
+}
+
+// ByteSize is a number of bytes, written as an integer or with a binary
+// unit: 512KiB, 64MiB, 1GiB.
+type ByteSize int64
+
+// byteUnits are the suffixes ParseByteSize takes, longest first.
+var byteUnits = []struct {
+	suffix string
+	n      int64
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
+// ParseByteSize parses "64MiB", "512KiB", "1GiB", "100B" or a plain
+// integer of bytes.
+func ParseByteSize(s string) (ByteSize, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range byteUnits {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = strings.TrimSpace(rest), u.n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("a size such as 64MiB, 512KiB, 1GiB or a number of bytes")
+	}
+	return ByteSize(n * mult), nil
+}
+
+// String renders b with the largest binary unit that divides it.
+func (b ByteSize) String() string {
+	for _, u := range byteUnits {
+		if b != 0 && int64(b)%u.n == 0 {
+			return strconv.FormatInt(int64(b)/u.n, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(b), 10) + "B"
 }
 
 // Commit is the commit section.
@@ -166,6 +211,7 @@ func Default() Config {
 			BatchSize:               500,
 			BatchLinger:             20 * time.Millisecond,
 			MaxBufferedPerPartition: 10000,
+			MemoryBudget:            32 << 20,
 		},
 		Commit:      Commit{Mode: ModeExactlyOnce, Interval: time.Second},
 		Retry:       Retry{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 30 * time.Second, MaxAttempts: 5},
@@ -303,6 +349,12 @@ func setText(p any, s string) error {
 			return fmt.Errorf("an integer")
 		}
 		*p = v
+	case *ByteSize:
+		b, err := ParseByteSize(s)
+		if err != nil {
+			return err
+		}
+		*p = b
 	case *time.Duration:
 		d, err := time.ParseDuration(s)
 		if err != nil {
@@ -398,6 +450,8 @@ func show(p any) string {
 		return p.String()
 	case *int:
 		return strconv.Itoa(*p)
+	case *ByteSize:
+		return p.String()
 	case *time.Duration:
 		return fmtDuration(*p)
 	case *[]string:

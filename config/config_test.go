@@ -68,6 +68,7 @@ func TestDefaults(t *testing.T) {
 		{"processing.batch_size", cfg.Processing.BatchSize, 500},
 		{"processing.batch_linger", cfg.Processing.BatchLinger, 20 * time.Millisecond},
 		{"processing.max_buffered_per_partition", cfg.Processing.MaxBufferedPerPartition, 10000},
+		{"processing.memory_budget", cfg.Processing.MemoryBudget, ByteSize(32 << 20)},
 		{"commit.mode", cfg.Commit.Mode, ModeExactlyOnce},
 		{"commit.interval", cfg.Commit.Interval, time.Second},
 		{"retry.initial_backoff", cfg.Retry.InitialBackoff, 100 * time.Millisecond},
@@ -128,6 +129,7 @@ processing:
   batch_size: 100
   batch_linger: 5ms
   max_buffered_per_partition: 200
+  memory_budget: 16MiB
 commit:
   mode: at-least-once
   interval: 250ms
@@ -159,7 +161,7 @@ schema_registry:
 			RecycleInterval: time.Hour, AutoOffsetReset: "latest",
 		},
 		Postgres:       Postgres{URL: "postgresql://app@db:5433/x?sslmode=require", MaxConns: 8, SynchronousCommit: "on"},
-		Processing:     Processing{BatchSize: 100, BatchLinger: 5 * time.Millisecond, MaxBufferedPerPartition: 200},
+		Processing:     Processing{BatchSize: 100, BatchLinger: 5 * time.Millisecond, MaxBufferedPerPartition: 200, MemoryBudget: 16 << 20},
 		Commit:         Commit{Mode: ModeAtLeastOnce, Interval: 250 * time.Millisecond},
 		Retry:          Retry{InitialBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 3},
 		Supervision:    Supervision{MaxRestarts: 2, Within: 10 * time.Second},
@@ -288,5 +290,41 @@ func TestSynchronousCommitOffUnquoted(t *testing.T) {
 	got := mustLoad(t, writeFile(t, "postgres:\n  synchronous_commit: off\n"))
 	if got.Postgres.SynchronousCommit != "off" {
 		t.Fatalf("postgres.synchronous_commit = %q, want off", got.Postgres.SynchronousCommit)
+	}
+}
+
+func TestParseByteSize(t *testing.T) {
+	cases := []struct {
+		in   string
+		want ByteSize
+		text string // String of the result
+		bad  bool
+	}{
+		{in: "64MiB", want: 64 << 20, text: "64MiB"},
+		{in: "64 MiB", want: 64 << 20, text: "64MiB"},
+		{in: "512KiB", want: 512 << 10, text: "512KiB"},
+		{in: "1GiB", want: 1 << 30, text: "1GiB"},
+		{in: "1536KiB", want: 1536 << 10, text: "1536KiB"},
+		{in: "1048576", want: 1 << 20, text: "1MiB"},
+		{in: "1000B", want: 1000, text: "1000B"},
+		{in: "0", want: 0, text: "0B"},
+		{in: "64MB", bad: true},
+		{in: "-1MiB", bad: true},
+		{in: "MiB", bad: true},
+		{in: "99999999999GiB", bad: true},
+	}
+	for _, c := range cases {
+		t.Run(c.in, func(t *testing.T) {
+			got, err := ParseByteSize(c.in)
+			if c.bad {
+				if err == nil {
+					t.Fatalf("ParseByteSize(%q) = %d, want an error", c.in, got)
+				}
+				return
+			}
+			if err != nil || got != c.want || got.String() != c.text {
+				t.Fatalf("ParseByteSize(%q) = %d (%s), %v; want %d (%s)", c.in, got, got, err, c.want, c.text)
+			}
+		})
 	}
 }

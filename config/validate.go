@@ -115,6 +115,13 @@ var managedProperties = map[string]string{
 	"transactional.id":                "ratchet manages it: the dead-letter producer is not transactional",
 }
 
+// The range of processing.memory_budget. Below 1 MiB a batch of ordinary
+// records would not fit; the upper bound only catches a unit mistake.
+const (
+	minMemoryBudget ByteSize = 1 << 20
+	maxMemoryBudget ByteSize = 64 << 30
+)
+
 // Validate checks every value and returns a *Error with all problems at
 // once, or nil.
 func (c Config) Validate() error {
@@ -129,6 +136,10 @@ func (c Config) Validate() error {
 	if p.MaxBufferedPerPartition < max(p.BatchSize, 1) {
 		v.bad("processing.max_buffered_per_partition", strconv.Itoa(p.MaxBufferedPerPartition),
 			fmt.Sprintf(">= processing.batch_size (%d)", p.BatchSize))
+	}
+	if p.MemoryBudget < minMemoryBudget || p.MemoryBudget > maxMemoryBudget {
+		v.bad("processing.memory_budget", p.MemoryBudget.String(),
+			fmt.Sprintf("%s..%s", ByteSize(minMemoryBudget), ByteSize(maxMemoryBudget)))
 	}
 
 	v.oneOf("commit.mode", c.Commit.Mode, ModeExactlyOnce, ModeAtLeastOnce)

@@ -212,8 +212,8 @@ func (e *engine) run(ctx context.Context) error {
 
 	var claim actors.ClaimFunc
 	if exactlyOnce {
-		claim = func(ctx context.Context, topic string, partition int32, fallback int64) (store.Claim, error) {
-			return store.ClaimPartition(ctx, pool, cfg.Kafka.GroupID, topic, partition, e.opts.Owner, fallback)
+		claim = func(ctx context.Context, reqs []store.ClaimRequest) ([]store.Claim, []error) {
+			return store.ClaimPartitions(ctx, pool, cfg.Kafka.GroupID, e.opts.Owner, reqs)
 		}
 	}
 	sup := actors.NewSupervisor(system, actors.SupervisorConfig{
@@ -238,6 +238,7 @@ func (e *engine) run(ctx context.Context) error {
 		BatchSize:       cfg.Processing.BatchSize,
 		Linger:          cfg.Processing.BatchLinger,
 		MaxBuffered:     cfg.Processing.MaxBufferedPerPartition,
+		MemoryBudget:    int64(cfg.Processing.MemoryBudget),
 		Retry: actors.RetryPolicy{
 			InitialBackoff: cfg.Retry.InitialBackoff,
 			MaxBackoff:     cfg.Retry.MaxBackoff,

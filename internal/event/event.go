@@ -85,13 +85,16 @@ type Decoder struct {
 // slot is an event with room for its time: a Decoder allocates them
 // slabSize at a time, one allocation for what would be two an event. An
 // event keeps its slab alive until the slab's last event is dropped, which
-// for the records of a batch is soon.
+// for the records of a batch is soon; and each partition's Decoder keeps
+// its current slab, with the events already handed out from it. At 64 a
+// slab, that was 26 MB of an instance owning 1024 partitions (issue 18);
+// at 16 it is a quarter, and the allocations an event stay near three.
 type slot struct {
 	ev ratchetv1.Event
 	ts timestamppb.Timestamp
 }
 
-const slabSize = 64
+const slabSize = 16
 
 // NewDecoder returns a Decoder for format (empty means FormatProtobuf).
 func NewDecoder(format string) *Decoder {

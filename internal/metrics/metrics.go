@@ -26,6 +26,9 @@ type Metrics struct {
 	Lag              *prometheus.GaugeVec     // topic, partition
 	Paused           prometheus.Gauge
 	Assigned         prometheus.Gauge
+	HeldBytes        prometheus.Gauge       // what partition actors hold, against BudgetBytes
+	HeldBytesPeak    prometheus.Gauge       // the most HeldBytes so far, at any moment
+	BudgetBytes      prometheus.Gauge       // processing.memory_budget
 	Restarts         *prometheus.CounterVec // actor
 	RewindsPrevented *prometheus.CounterVec // topic
 	RewindRecords    *prometheus.CounterVec // topic
@@ -88,6 +91,12 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "ratchet_paused_partitions", Help: "Partitions paused for backpressure or retries."}),
 		Assigned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratchet_assigned_partitions", Help: "Partitions assigned to this instance."}),
+		HeldBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratchet_held_bytes", Help: "Bytes of records the partition actors hold (queued, cut ahead, in flight), sampled every second."}),
+		HeldBytesPeak: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratchet_held_bytes_peak", Help: "The most bytes of records the partition actors held at any moment since the start (tracked at every hand-over, published every second)."}),
+		BudgetBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratchet_memory_budget_bytes", Help: "processing.memory_budget: the most bytes of records the partition actors hold together."}),
 		Restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_actor_restarts_total", Help: "Supervised actor restarts."}, []string{"actor"}),
 		RewindsPrevented: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -134,7 +143,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.DecodedRecords, m.RegistryLookups, m.RegistryCacheHits, m.RegistryErrors)
 	reg.MustRegister(m.Unclaimed, m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
-		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned,
+		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,
 		m.Restarts, m.RewindsPrevented, m.RewindRecords, m.Fenced, m.StaleOffsets, m.DegradedSeconds, m.Reconnects)
 	return m
 }

@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -86,6 +87,10 @@ type options struct {
 	skipRewinds  bool
 	forceProfile bool
 	maxBuffered  int
+	// The partition-count section (scale.go).
+	scaleEvents int64
+	scaleParts  string
+	onlyScale   bool
 }
 
 func run(ctx context.Context) error {
@@ -108,6 +113,9 @@ func run(ctx context.Context) error {
 	flag.BoolVar(&o.skipRewinds, "skip-rewinds", false, "skip the restart cycles")
 	flag.BoolVar(&o.forceProfile, "profile", false, "profile ratchet's drains even when the targets are met")
 	flag.IntVar(&o.maxBuffered, "max-buffered", 0, "processing.max_buffered_per_partition for every ratchet run (0: the default)")
+	flag.Int64Var(&o.scaleEvents, "scale-events", 1_000_000, "backlog of each partition-count drain (g)")
+	flag.StringVar(&o.scaleParts, "scale-partitions", "12,256,1024", "partition counts of the drains (g), the first the baseline, the last also for peak RSS and idle CPU")
+	flag.BoolVar(&o.onlyScale, "only-scale", false, "run the partition-count section alone (to develop it; the table then has its rows only)")
 	flag.Parse()
 	if o.command == "" {
 		o.command = fmt.Sprint(os.Args)
@@ -154,8 +162,19 @@ func run(ctx context.Context) error {
 	env := &benchEnv{ratchetBin: o.ratchetBin, brokers: []string{b.addr}, db: db, engineLog: engineLog, outDir: o.outDir,
 		maxBuffered: o.maxBuffered, brokerPID: b.cmd.Process.Pid}
 
-	// 1. Backlogs.
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	scaleParts, err := parseCounts(o.scaleParts)
+	if err != nil {
+		return err
+	}
+	if o.onlyScale {
+		if rep.scale, err = runScale(ctx, env, o, scaleParts, say, quiet); err != nil {
+			return err
+		}
+		return rep.write(began, say)
+	}
+
+	// 1. Backlogs.
 	for _, bl := range []struct {
 		topic string
 		n     int64
@@ -308,7 +327,13 @@ func run(ctx context.Context) error {
 	say("ratchet run, %d backlog: peak RSS %.1f MiB (drained in %s)", large.Events, large.PeakMiB, large.Elapsed.Round(time.Millisecond))
 	rep.memSmall, rep.memLarge = small, large
 
-	// 5. Commit load.
+	// 5. Partition counts (issue 18): drains, memory and idle cost with
+	// many partitions.
+	if rep.scale, err = runScale(ctx, env, o, scaleParts, say, quiet); err != nil {
+		return err
+	}
+
+	// 6. Commit load.
 	for _, rate := range []float64{1000, 50000} {
 		cr, err := measureCommits(ctx, env, rate, 5*time.Second, 10*time.Second, fmt.Sprintf("bench-commits-%.0f", rate))
 		if err != nil {
@@ -319,7 +344,7 @@ func run(ctx context.Context) error {
 		rep.commits = append(rep.commits, cr)
 	}
 
-	// 6. Rewinds.
+	// 7. Rewinds.
 	if !o.skipRewinds {
 		rate := min(max(0.5*med.d, 200), 2000)
 		rep.rewindRate = rate
@@ -337,16 +362,88 @@ func run(ctx context.Context) error {
 		}
 	}
 
+	return rep.write(began, say)
+}
+
+// write prints the table and writes the results file.
+func (rep *report) write(began time.Time, say func(string, ...any)) error {
 	rep.elapsed = time.Since(began)
 	table := rep.table()
 	fmt.Println()
 	fmt.Println(table)
 	fmt.Println(rep.cpuTable())
-	if err := os.WriteFile(o.out, []byte(rep.markdown(table)), 0o644); err != nil {
+	if err := os.WriteFile(rep.opts.out, []byte(rep.markdown(table)), 0o644); err != nil {
 		return err
 	}
-	say("wrote %s (%s in all)", o.out, rep.elapsed.Round(time.Second))
+	say("wrote %s (%s in all)", rep.opts.out, rep.elapsed.Round(time.Second))
 	return nil
+}
+
+// runScale is the partition-count section: it creates and preloads its
+// topics, drains them in interleaved rounds, then measures the peak RSS of
+// `ratchet run` and the idle cost with the largest count.
+func runScale(ctx context.Context, env *benchEnv, o options, parts []int, say func(string, ...any), quiet *slog.Logger) (*scaleReport, error) {
+	most := slices.Max(parts)
+	memTopic, idleTopic := fmt.Sprintf("mem-%d", most), fmt.Sprintf("idle-%d", most)
+	topics := map[string]int{memTopic: most, idleTopic: most}
+	for _, p := range parts {
+		topics[scaleTopic(p)] = p
+	}
+	if err := createTopics(ctx, env.brokers, topics); err != nil {
+		return nil, err
+	}
+	for _, p := range parts {
+		d, err := preload(ctx, env.brokers, scaleTopic(p), o.scaleEvents, 3, quiet)
+		if err != nil {
+			return nil, err
+		}
+		say("preloaded %d events to %s in %s", o.scaleEvents, scaleTopic(p), d.Round(time.Millisecond))
+	}
+	d, err := preload(ctx, env.brokers, memTopic, o.memLarge, 4, quiet)
+	if err != nil {
+		return nil, err
+	}
+	say("preloaded %d events to %s in %s", o.memLarge, memTopic, d.Round(time.Millisecond))
+
+	s := &scaleReport{partitions: parts, events: o.scaleEvents, memParts: most}
+	for r := 1; r <= o.rounds; r++ {
+		res, err := scaleRound(ctx, env, r, parts, o.scaleEvents)
+		if err != nil {
+			return nil, err
+		}
+		for i, p := range parts {
+			say("round %d (g) %4d partitions: %9.0f events/s start to last row (wall %s), first batch after %s, %.0f events/s first to last, %s",
+				r, p, res[i].WallRate(), res[i].Wall.Round(time.Millisecond), res[i].FirstBatch().Round(time.Millisecond), res[i].Rate(), res[i].cpuLine())
+		}
+		s.rounds = append(s.rounds, res)
+	}
+	if s.mem, err = measureMemory(ctx, env, memTopic, fmt.Sprintf("bench-mem-%d", most), o.memLarge); err != nil {
+		return nil, err
+	}
+	say("ratchet run, %d partitions, %d backlog: peak RSS %.1f MiB (drained in %s)", most, s.mem.Events, s.mem.PeakMiB, s.mem.Elapsed.Round(time.Millisecond))
+	if s.idle, err = measureIdle(ctx, env, idleTopic, fmt.Sprintf("bench-idle-%d", most), most, idleSettle, idleWindow); err != nil {
+		return nil, err
+	}
+	say("idle ratchet run owning %d partitions: %.2f %% of a core over %s; %d claim call(s) for %d partitions in %s, all claimed %s after the start",
+		most, 100*s.idle.Cores, s.idle.Window.Round(time.Second), s.idle.Claims, s.idle.Claimed, s.idle.ClaimTook.Round(time.Millisecond),
+		s.idle.ToClaimed.Round(time.Millisecond))
+	return s, nil
+}
+
+// parseCounts parses a comma-separated list of positive integers.
+func parseCounts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		var n int
+		if _, err := fmt.Sscanf(strings.TrimSpace(f), "%d", &n); err != nil || n <= 0 {
+			return nil, fmt.Errorf("-scale-partitions: %q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-scale-partitions: empty")
+	}
+	return out, nil
 }
 
 func envOr(k, def string) string {

@@ -40,6 +40,7 @@ type report struct {
 	commits    []commitResult
 	rewindRate float64
 	rewinds    []rewindResult
+	scale      *scaleReport // the partition-count section (issue 18)
 }
 
 type medians struct{ a, b, c, d float64 }
@@ -76,6 +77,10 @@ func (r *report) table() string {
 	row := func(cells ...string) { sb.WriteString("| " + strings.Join(cells, " | ") + " |\n") }
 	row("measure", "measured", "target", "result")
 	row("---", "---", "---", "---")
+	if r.opts.onlyScale {
+		r.scale.rows(row)
+		return sb.String()
+	}
 	m := r.medians()
 	perRound := func(f func(round) float64) string {
 		var s []string
@@ -150,6 +155,7 @@ func (r *report) table() string {
 	row(fmt.Sprintf("peak RSS, `ratchet run`, %d backlog", r.memLarge.Events), fmt.Sprintf("%.1f MiB", r.memLarge.PeakMiB), "≤ 200 MiB", passMiss(r.memLarge.PeakMiB <= 200))
 	mr := r.memLarge.PeakMiB / r.memSmall.PeakMiB
 	row(fmt.Sprintf("RSS %d / RSS %d", r.memLarge.Events, r.memSmall.Events), fmt.Sprintf("%.2f", mr), "≤ 1.3", passMiss(mr <= 1.3))
+	r.scale.rows(row)
 	for _, c := range r.commits {
 		row(fmt.Sprintf("OffsetCommit requests/s at %.0f events/s (applied %.0f/s)", c.TargetRate, c.AchievedRate),
 			fmt.Sprintf("%.2f (%d in %s)", c.PerSecond(), c.Commits, c.Window.Round(time.Millisecond)),
@@ -257,6 +263,7 @@ func (r *report) markdown(table string) string {
 	fmt.Fprintf(&sb, "- Latency: in-process engine at its defaults (exactly-once, dashboard) on topic `lat`; a paced producer (linger 5 ms) writes %.0f events/s for %s. For each record: time from its `Produce` call to the first moment `ratchet_offsets.next_offset` of its partition was seen past it (PostgreSQL polled every 5 ms from outside the engine, so up to 5 ms high). The first 2 s are left out as warm-up; %d records counted. The engine's own `ratchet_end_to_end_latency_seconds` histogram is given too (quantiles interpolated inside its power-of-two buckets).\n",
 		o.latRate, o.latFor, r.latency.Events)
 	sb.WriteString("- Memory: `ratchet run` as a subprocess (defaults, configured by `RATCHET_*` variables), draining its own topic; `VmHWM` of `/proc/<pid>/status` read when the stored offsets reached the backlog, then SIGTERM.\n")
+	sb.WriteString(r.scale.method())
 	sb.WriteString("- Commit load: the broker is a separate process whose requests cannot be counted without changing `cmd/` or `internal/`, so this part alone runs an **in-process kfake** (`kfake.NewCluster` with `ControlKey(OffsetCommit)` + `KeepControl`, counting and passing every request through) and the engine in-process at its defaults (`commit.interval=1s`), fed by `internal/produce` at the given rate; requests counted over 10 s after 5 s of warm-up.\n")
 	fmt.Fprintf(&sb, "- Restart cycles: a producer writes %.0f events/s to the contestant's own topic; the contestant (a subprocess) runs %s, gets SIGTERM, is waited for and started again, %d times; then the producer stops and one last instance catches up. Every applied event appends its id to a ledger table (no unique constraint; the naive loop one autocommit INSERT per record, ratchet inside the batch transaction): replayed = rows − distinct ids, lost = produced − distinct ids. The naive loops use static membership (`group.instance.id`) so a restart does not wait for the session timeout; ratchet uses `kafka.instance_id`.\n",
 		r.rewindRate, o.cycleRun, o.cycles)

@@ -1,0 +1,240 @@
+package engine_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+
+	"ratchet/config"
+	"ratchet/engine"
+	"ratchet/internal/testenv"
+	"ratchet/processor"
+)
+
+// budgetRecordOverhead is what the engine counts for a record beyond its
+// key and value (actors.recordOverhead).
+const budgetRecordOverhead = 512
+
+// produceBacklog writes perPartition events of about valueBytes to every
+// one of partitions and returns the largest record as the budget counts it.
+func produceBacklog(tb testing.TB, addr string, partitions int32, perPartition int, valueBytes int) int64 {
+	tb.Helper()
+	pr := newProducer(tb, addr)
+	total := int(partitions) * perPartition
+	deliveries := make(chan kafka.Event, total)
+	g := &gen{}
+	pad := strings.Repeat("x", valueBytes)
+	var largest int64
+	t := topic
+	for range perPartition {
+		for p := range partitions {
+			ev := g.next()
+			ev.Labels["pad"] = pad
+			v, err := proto.Marshal(ev)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			largest = max(largest, int64(len(v)+len(ev.Id)+budgetRecordOverhead))
+			for {
+				err = pr.p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: p},
+					Key: []byte(ev.Id), Value: v}, deliveries)
+				if err == nil {
+					break
+				}
+				if ke, ok := err.(kafka.Error); ok && ke.Code() == kafka.ErrQueueFull {
+					pr.p.Flush(100)
+					continue
+				}
+				tb.Fatal(err)
+			}
+		}
+	}
+	for range total {
+		select {
+		case d := <-deliveries:
+			if m := d.(*kafka.Message); m.TopicPartition.Error != nil {
+				tb.Fatal(m.TopicPartition.Error)
+			}
+		case <-time.After(60 * time.Second):
+			tb.Fatal("deliveries did not arrive within 60s")
+		}
+	}
+	return largest
+}
+
+// gauge returns the value of a gauge of reg, 0 when it has none.
+func gauge(tb testing.TB, reg *prometheus.Registry, name string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// storedNext returns the stored next offset of every partition of group;
+// none before the engine has migrated the database.
+func storedNext(tb testing.TB, pool *pgxpool.Pool, group string) map[int32]int64 {
+	tb.Helper()
+	out := map[int32]int64{}
+	rows, err := pool.Query(context.Background(),
+		"SELECT partition, next_offset FROM ratchet_offsets WHERE consumer_group = $1 AND topic = $2", group, topic)
+	if err != nil {
+		return out
+	}
+	var p int32
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { out[p] = n; return nil }); err != nil {
+		return map[int32]int64{}
+	}
+	return out
+}
+
+// TestBudgetBoundsWhatPartitionsHold: a slow processor, 64 partitions
+// whose caps add up to eight times processing.memory_budget, and a backlog
+// seven times the budget. What the partition actors hold (every hand-over
+// is counted, and the peak kept) never passes the budget by more than one
+// record, and every record is applied.
+func TestBudgetBoundsWhatPartitionsHold(t *testing.T) {
+	const partitions, perPartition, valueBytes = 64, 300, 1000
+	_, addr := testenv.Kafka(t, partitions, topic)
+	dbURL := testenv.Postgres(t)
+	largest := produceBacklog(t, addr, partitions, perPartition, valueBytes)
+
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Processing.MemoryBudget = 4 << 20 // a cap of 512 KiB a partition
+	cfg.Processing.BatchSize = 100
+	cfg.Postgres.MaxConns = 16 // the server is shared
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	slow := processor.Func{ProcessorName: "slow", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.005)")
+		return err
+	}}
+	reg := prometheus.NewRegistry()
+	startWith(t, cfg, engine.Options{Processor: slow, Registry: reg, Owner: "budget"}, testenv.Log{})
+
+	pool := openPool(t, dbURL)
+	testenv.Eventually(t, 2*time.Minute, func() bool {
+		next := storedNext(t, pool, cfg.Kafka.GroupID)
+		for p := range int32(partitions) {
+			if next[p] != perPartition {
+				return false
+			}
+		}
+		return true
+	}, "every partition applied %d records", perPartition)
+	// The peak gauge is published every second; wait for one after the end.
+	var peak float64
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		peak = gauge(t, reg, "ratchet_held_bytes_peak")
+		return peak > 0 && gauge(t, reg, "ratchet_held_bytes") == 0
+	}, "the held bytes published, back to 0")
+	budget := float64(cfg.Processing.MemoryBudget)
+	if peak > budget+float64(largest) {
+		t.Fatalf("partition actors held %.0f bytes at the peak; the budget is %.0f (+ one record of %d)", peak, budget, largest)
+	}
+	if peak < budget/4 {
+		t.Errorf("peak %.0f bytes: the budget of %.0f was hardly used, the test does not test it", peak, budget)
+	}
+	t.Logf("peak held %.0f bytes of a %.0f budget (backlog %d records of about %d bytes)", peak, budget,
+		partitions*perPartition, largest)
+}
+
+// stuckProcessor never returns for partition 0 until release is closed;
+// the other partitions apply at once.
+type stuckProcessor struct{ release chan struct{} }
+
+func (stuckProcessor) Name() string { return "stuck" }
+
+func (s stuckProcessor) Process(ctx context.Context, _ pgx.Tx, b processor.Batch) error {
+	if b.Partition != 0 {
+		return nil
+	}
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestStuckPartitionDoesNotBlockOthers: partition 0's transactions never
+// end. It is paused at its cap (an eighth of the budget with 8
+// partitions), and the other partitions drain a backlog several times the
+// budget meanwhile; then partition 0 recovers and drains too.
+func TestStuckPartitionDoesNotBlockOthers(t *testing.T) {
+	const partitions, perPartition, valueBytes = 8, 500, 1000
+	_, addr := testenv.Kafka(t, partitions, topic)
+	dbURL := testenv.Postgres(t)
+	largest := produceBacklog(t, addr, partitions, perPartition, valueBytes)
+
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Processing.MemoryBudget = 1 << 20
+	cfg.Processing.BatchSize = 100
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	stuck := stuckProcessor{release: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	startWith(t, cfg, engine.Options{Processor: stuck, Registry: reg, Owner: "stuck"}, testenv.Log{})
+	released := false
+	defer func() {
+		if !released {
+			close(stuck.release) // before the engine stops (t.Cleanup)
+		}
+	}()
+
+	pool := openPool(t, dbURL)
+	testenv.Eventually(t, 2*time.Minute, func() bool {
+		next := storedNext(t, pool, cfg.Kafka.GroupID)
+		for p := int32(1); p < partitions; p++ {
+			if next[p] != perPartition {
+				return false
+			}
+		}
+		return true
+	}, "partitions 1..%d applied %d records each while partition 0 is stuck", partitions-1, perPartition)
+	if next := storedNext(t, pool, cfg.Kafka.GroupID); next[0] != 0 {
+		t.Fatalf("partition 0 applied up to %d while stuck", next[0])
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return gauge(t, reg, "ratchet_paused_partitions") >= 1 },
+		"the stuck partition paused")
+	// What is still held is the stuck partition's: its cap (an eighth of
+	// the budget with 8 partitions), and what librdkafka had already
+	// fetched for it when it was paused (a fetch is at most
+	// max.partition.fetch.bytes, 128 KiB, a partition), which still
+	// arrives. Far from the whole budget.
+	var peak, held float64
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		peak, held = gauge(t, reg, "ratchet_held_bytes_peak"), gauge(t, reg, "ratchet_held_bytes")
+		return peak > 0 && held > 0
+	}, "the held bytes published")
+	budget := float64(cfg.Processing.MemoryBudget)
+	if held > budget/2 {
+		t.Errorf("the stuck partition holds %.0f bytes of a %.0f budget (its cap is %.0f)", held, budget, budget/8)
+	}
+	if peak > budget+float64(largest) {
+		t.Fatalf("partition actors held %.0f bytes at the peak; the budget is %.0f (+ one record of %d)", peak, budget, largest)
+	}
+
+	close(stuck.release)
+	released = true
+	testenv.Eventually(t, 2*time.Minute, func() bool {
+		return storedNext(t, pool, cfg.Kafka.GroupID)[0] == perPartition
+	}, "partition 0 drained after it recovered")
+	t.Logf("peak held %.0f bytes of a %.0f budget; the stuck partition held %.0f", peak, budget, held)
+}
