@@ -44,23 +44,38 @@ type instance struct {
 	done chan error
 }
 
-var logDir string
+// logDirs holds each test's directory of instance logs, by test name: a
+// test's TempDir is removed when it ends, so it cannot be shared.
+var (
+	logDirsMu sync.Mutex
+	logDirs   = map[string]string{}
+)
+
+// logDir returns tb's directory of instance logs (RATCHET_TEST_LOG_DIR,
+// else a temporary one) and shows the logs' tails if tb fails.
+func logDir(tb testing.TB) string {
+	logDirsMu.Lock()
+	defer logDirsMu.Unlock()
+	if d, ok := logDirs[tb.Name()]; ok {
+		return d
+	}
+	d := tb.TempDir()
+	if env := os.Getenv("RATCHET_TEST_LOG_DIR"); env != "" {
+		d = env
+	}
+	logDirs[tb.Name()] = d
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			out, _ := exec.Command("bash", "-c", "tail -n 15 "+d+"/*.log | cut -c1-400").CombinedOutput()
+			tb.Logf("instance logs:\n%s", out)
+		}
+	})
+	return d
+}
 
 func startInstance(tb testing.TB, bin, name string, env []string) *instance {
 	tb.Helper()
-	if logDir == "" {
-		logDir = tb.TempDir()
-		if d := os.Getenv("RATCHET_TEST_LOG_DIR"); d != "" {
-			logDir = d
-		}
-		tb.Cleanup(func() {
-			if tb.Failed() {
-				out, _ := exec.Command("bash", "-c", "tail -n 15 "+logDir+"/*.log | cut -c1-400").CombinedOutput()
-				tb.Logf("instance logs:\n%s", out)
-			}
-		})
-	}
-	logf, err := os.Create(filepath.Join(logDir, name+".log"))
+	logf, err := os.Create(filepath.Join(logDir(tb), name+".log"))
 	if err != nil {
 		tb.Fatal(err)
 	}
