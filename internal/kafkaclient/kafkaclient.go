@@ -54,17 +54,17 @@ func ConsumerConfig(o ConsumerOptions) *kafka.ConfigMap {
 		//
 		// fetch.wait.max.ms is how long the broker holds a fetch that
 		// finds nothing; every expiry is a fetch of every assigned
-		// partition, the cost of an idle instance. Owning 1024 partitions,
-		// idle: 2.3 % of a core at 100 ms (1.3 % of it librdkafka's broker
-		// thread), 1.2 % at 300 ms. Longer is not free in a backlog
-		// drain: with one fetch in flight per broker, partitions left out
-		// of a fetch that finds little wait for it, and 2,000,000 events
-		// from 1024 partitions took 6.7 s at 100 ms, 7.0 s at 200, 7.3 s
-		// at 300 and 12.4 s at librdkafka's default of 500 (issue 18).
+		// partition, the cost of an idle instance (owning 1024
+		// partitions, idle: 1.9 % of a core at 100 ms, 1.2-1.4 % at 300).
+		// It stays at 100 ms: with one fetch in flight per broker, a
+		// partition left out of a fetch that finds little waits for it,
+		// which at 300 ms put the latency run's max at 322 ms and p99 at
+		// 208 ms (39.5 ms at 100 ms), and at 500 ms cost a third of the
+		// drain rate of 1024 partitions (issue 18, bench/findings.md).
 		"queued.max.messages.kbytes":         2048,
 		"max.partition.fetch.bytes":          131072,
 		"fetch.queue.backoff.ms":             20,
-		"fetch.wait.max.ms":                  300,
+		"fetch.wait.max.ms":                  100,
 		"topic.metadata.refresh.interval.ms": 30000,
 	}
 	for k, v := range o.Properties {
