@@ -14,6 +14,11 @@ import (
 // inside Close) on the poll loop goroutine. Its returned error is ignored by
 // the client, so every failure is handled here.
 func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
+	// Close runs this callback on the goroutine that called Close; when
+	// Close is abandoned at the stop's deadline the poll loop goes on with
+	// the supervisor's state. callbacks keeps the two apart.
+	s.callbacks.Lock()
+	defer s.callbacks.Unlock()
 	if s.current.Load() != c {
 		// A consumer abandoned after a Close timeout: its callbacks must
 		// not touch the state of its successor.

@@ -337,8 +337,12 @@ func (s *Supervisor) closeConsumer(deadline time.Time) {
 	case <-t.C:
 		s.cfg.Logger.Error("close consumer timed out; abandoning it", "timeout", timeout.Round(time.Millisecond).String())
 	}
-	s.consumer = nil
+	// A callback still running inside the abandoned Close ends by the
+	// stop's deadline; after this, callbacks of c touch nothing.
+	s.callbacks.Lock()
 	s.current.Store(nil)
+	s.callbacks.Unlock()
+	s.consumer = nil
 	s.cfg.OnConsumer(nil)
 }
 

@@ -99,6 +99,10 @@ type Supervisor struct {
 	overBudget chan TopicPartition
 	board      *Board
 	current    atomic.Pointer[kafka.Consumer] // the consumer whose callbacks count
+	// callbacks is held by every rebalance callback, and by closeConsumer
+	// while it retires the consumer: an abandoned Close may still be
+	// running a callback on its own goroutine.
+	callbacks sync.Mutex
 	// groupCheck runs the idle check's metadata request; groupCheckBusy
 	// keeps it to one. idleSince is when this instance was last left with
 	// no partition (zero while it has some); idleWarned: warned since.

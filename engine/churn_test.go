@@ -37,7 +37,7 @@ func churnEvents(tb testing.TB) int {
 }
 
 // TestChurnWithOverlapReplaysNothing is membership churn as rolling updates
-// and autoscaling make it: members join and leave gracefully every 0.3-2.5 s
+// and autoscaling make it: members join and leave gracefully every 1-4 s
 // while events keep coming, without waiting for the group to settle, so most
 // stops land while the group is rebalancing (a join triggers one; a leave
 // triggers the next). Every stop must return cleanly within
@@ -234,7 +234,7 @@ func churn(t *testing.T, broker, mode string, static bool) {
 			} else {
 				join("")
 			}
-			time.Sleep(time.Duration(300+rnd.IntN(2200)) * time.Millisecond) // the pause between two membership changes is the scenario
+			time.Sleep(time.Duration(1000+rnd.IntN(3000)) * time.Millisecond) // the pause between two membership changes is the scenario
 		}
 	}
 
