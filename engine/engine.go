@@ -186,12 +186,10 @@ func (e *engine) run(ctx context.Context) error {
 		return err
 	}
 	if cfg.Postgres.MaxConns == 0 {
-		// postgres.max_conns 0 means "input partitions + 4": every
-		// partition may have a transaction open at once, and claims and the
-		// page need a few more. An instance is never assigned more than the
-		// input topics have; connections open only when needed. The first
-		// pool (pgx's default size) only pinged and migrated.
-		sized, err := store.Open(startCtx, cfg.Postgres.URL.Reveal(), int32(inputPartitions+4))
+		// postgres.max_conns 0 means "input partitions + 4, at most
+		// DefaultMaxConns". The first pool (pgx's default size) only pinged
+		// and migrated.
+		sized, err := store.Open(startCtx, cfg.Postgres.URL.Reveal(), int32(DefaultPoolSize(inputPartitions)))
 		if err != nil {
 			producer.Close()
 			return err
@@ -394,4 +392,24 @@ func storeOptions(cfg config.Config) []store.Option {
 		return []store.Option{store.AsyncCommit()}
 	}
 	return nil
+}
+
+// DefaultMaxConns caps the pool that postgres.max_conns 0 sizes.
+const DefaultMaxConns = 16
+
+// DefaultPoolSize is the pool size postgres.max_conns 0 means for an
+// instance reading topics with partitions partitions in all: one connection
+// per partition plus four for claims, commits and the page, so that every
+// partition of a small assignment can have a transaction open at once (a
+// slow transaction never makes another partition queue for a connection),
+// but never more than DefaultMaxConns. Past that, connections add no
+// throughput, only contention: every batch transaction is one round trip,
+// so a few connections keep many partitions applying, while more
+// transactions at once wait on each other's row locks (the dashboard's
+// rollup rows) and cost the server CPU. With 1024 partitions the default
+// used to open 60-70 connections and drained 10-15 % slower than with 16
+// (bench/findings.md); and it could exhaust PostgreSQL's max_connections
+// (100 by default) with a single instance.
+func DefaultPoolSize(partitions int) int {
+	return min(partitions+4, DefaultMaxConns)
 }

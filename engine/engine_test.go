@@ -471,7 +471,7 @@ func (b *barrier) Process(ctx context.Context, _ pgx.Tx, _ processor.Batch) erro
 }
 
 // TestEveryPartitionCanApplyAtOnce: with postgres.max_conns at its default
-// (0: the input partitions + 4) all 12 partitions have a transaction open at
+// (0: the input partitions + 4, at most 16) all 12 partitions have a transaction open at
 // the same time; a pool smaller than the assignment would make partitions
 // queue for connections behind each other's slow transactions.
 func TestEveryPartitionCanApplyAtOnce(t *testing.T) {
@@ -564,4 +564,16 @@ WHERE l.topic = cut.topic AND l.partition = cut.partition AND l.off >= cut.next_
 	waitApplied(t, pool, s.sent.Load())
 	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, s.sent.Load())
+}
+
+// TestDefaultPoolSize: postgres.max_conns 0 gives every partition of a small
+// assignment its own connection, and never more than DefaultMaxConns.
+func TestDefaultPoolSize(t *testing.T) {
+	for _, c := range []struct{ partitions, want int }{
+		{1, 5}, {12, 16}, {13, engine.DefaultMaxConns}, {1024, engine.DefaultMaxConns},
+	} {
+		if got := engine.DefaultPoolSize(c.partitions); got != c.want {
+			t.Errorf("DefaultPoolSize(%d) = %d, want %d", c.partitions, got, c.want)
+		}
+	}
 }

@@ -270,7 +270,7 @@ func (r *report) markdown(table string) string {
 	if len(r.profiles) > 0 {
 		sb.WriteString("\n## Profiles\n\nCPU profiles (`runtime/pprof`) of one extra drain of the in-process engine, taken because a throughput target was missed (or `-profile`). Files in `bench/out/`.\n\n")
 		if r.pgStates.samples > 0 {
-			fmt.Fprintf(&sb, "What the engine's PostgreSQL connections were doing during the profiled (c) drain (`pg_stat_activity` every 5 ms, %d samples; connections in each state on average, of the pool's `input partitions + 4`): %s.\n\n",
+			fmt.Fprintf(&sb, "What the engine's PostgreSQL connections were doing during the profiled (c) drain (`pg_stat_activity` every 5 ms, %d samples; connections in each state on average, of the pool's 16 (the default: 12 partitions + 4)): %s.\n\n",
 				r.pgStates.samples, r.pgStates)
 		}
 		for _, p := range r.profiles {
