@@ -38,7 +38,7 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log := newLogger(e.stderr, cfg, false)
-	setMemoryLimit(e, log)
+	setMemoryLimit(e, cfg, log)
 	log.Info("ratchet starting", "version", version(), "config", cfg)
 	return engine.Run(ctx, cfg, engine.Options{Logger: log})
 }
@@ -387,18 +387,26 @@ func splitList(s string) []string {
 	return out
 }
 
-// defaultMemoryLimit is the Go runtime's soft memory limit when GOMEMLIMIT
-// is not set. With the default buffers (10,000 records a partition) the
-// live heap stays well below it; the limit only makes the collector work
-// harder instead of letting the heap double before each collection.
-const defaultMemoryLimit = 160 << 20
+// memoryLimit is the Go runtime's soft memory limit when GOMEMLIMIT is not
+// set: twice processing.memory_budget (the records the partition actors
+// hold, and the collector's headroom above them) plus 64 MiB for the rest
+// of the heap (partition actors, decoders, metrics, the pool): 128 MiB at
+// the default budget. The limit does not raise what is live; it makes the
+// collector work harder near it instead of letting the heap double before
+// each collection. The process's RSS is this plus what lies outside the Go
+// heap, about 60-70 MiB (the binary's code, librdkafka's buffers and
+// partition state): a 1024-partition drain peaked at 157-189 MiB with
+// 128 MiB, and at 160-222 MiB with the former fixed 160 MiB
+// (deploy/README.md, Sizing).
+func memoryLimit(budget int64) int64 { return 2*budget + 64<<20 }
 
-func setMemoryLimit(e *env, log *slog.Logger) {
+func setMemoryLimit(e *env, cfg config.Config, log *slog.Logger) {
 	for _, kv := range e.environ {
 		if strings.HasPrefix(kv, "GOMEMLIMIT=") {
 			return // the runtime read it already
 		}
 	}
-	debug.SetMemoryLimit(defaultMemoryLimit)
-	log.Debug("soft memory limit set", "bytes", defaultMemoryLimit, "override", "GOMEMLIMIT")
+	limit := memoryLimit(int64(cfg.Processing.MemoryBudget))
+	debug.SetMemoryLimit(limit)
+	log.Debug("soft memory limit set", "bytes", limit, "override", "GOMEMLIMIT")
 }
