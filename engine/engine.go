@@ -222,6 +222,7 @@ func (e *engine) run(ctx context.Context) error {
 				InstanceID:      cfg.Kafka.InstanceID,
 				AutoOffsetReset: cfg.Kafka.AutoOffsetReset,
 				Properties:      cfg.Kafka.Properties,
+				Partitions:      inputPartitions,
 			}, e.log)
 		},
 		OnConsumer: func(c *kafka.Consumer) { consumer.Store(c) },

@@ -19,6 +19,33 @@ type ConsumerOptions struct {
 	InstanceID      string // group.instance.id (static membership); empty for dynamic
 	AutoOffsetReset string // earliest or latest; only for partitions with no offset at all
 	Properties      map[string]string
+	// Partitions is how many partitions the input topics have in all (0
+	// when unknown); it sizes fetch.wait.max.ms (FetchWaitMs).
+	Partitions int
+}
+
+// FetchWaitMs is the default fetch.wait.max.ms of a consumer whose input
+// topics have partitions partitions: 100 ms up to 512 partitions, then
+// growing with them (200 ms at 1024), at most 500 ms.
+//
+// It is how long the broker holds a fetch that finds nothing. An idle
+// instance sends one fetch per expiry naming every assigned partition, and
+// librdkafka's broker thread spends about a microsecond on each partition
+// of each request and response: owning 1024 partitions, idle, 1.9-2.2 % of
+// a core at 100 ms against 1.4-1.5 % at 200 (librdkafka's thread 1.1 % at
+// 100 ms, the rest the Go side). Scaling the wait keeps that cost at what
+// 512 partitions cost at 100 ms.
+//
+// It stays at 100 ms below that because the wait is also a latency: with
+// one fetch in flight per broker, a partition left out of a fetch that
+// finds little waits for it to expire (after librdkafka's queue-full
+// back-off, only the partitions whose back-off ended first are fetched).
+// At 300 ms the latency run's (12 partitions) p99 was 208 ms against 39.5
+// ms at 100 ms; at 500 ms the drain of 1024 partitions lost a third of its
+// rate, at 200 ms a few per cent (issue 18, bench/findings.md). Set
+// fetch.wait.max.ms in kafka.properties to choose otherwise.
+func FetchWaitMs(partitions int) int {
+	return min(max(100, partitions*100/512), 500)
 }
 
 // ConsumerConfig returns the librdkafka configuration for o. The settings
@@ -52,19 +79,11 @@ func ConsumerConfig(o ConsumerOptions) *kafka.ConfigMap {
 		// 161 MiB); refills come after a 20 ms back-off instead of the
 		// default second (make bench, TestBacklogFetchReachesEveryPartition).
 		//
-		// fetch.wait.max.ms is how long the broker holds a fetch that
-		// finds nothing; every expiry is a fetch of every assigned
-		// partition, the cost of an idle instance (owning 1024
-		// partitions, idle: 1.9 % of a core at 100 ms, 1.2-1.4 % at 300).
-		// It stays at 100 ms: with one fetch in flight per broker, a
-		// partition left out of a fetch that finds little waits for it,
-		// which at 300 ms put the latency run's max at 322 ms and p99 at
-		// 208 ms (39.5 ms at 100 ms), and at 500 ms cost a third of the
-		// drain rate of 1024 partitions (issue 18, bench/findings.md).
+		// fetch.wait.max.ms: see FetchWaitMs.
 		"queued.max.messages.kbytes":         2048,
 		"max.partition.fetch.bytes":          131072,
 		"fetch.queue.backoff.ms":             20,
-		"fetch.wait.max.ms":                  100,
+		"fetch.wait.max.ms":                  FetchWaitMs(o.Partitions),
 		"topic.metadata.refresh.interval.ms": 30000,
 	}
 	for k, v := range o.Properties {

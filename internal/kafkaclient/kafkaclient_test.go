@@ -125,3 +125,23 @@ func TestProducerChannelsAreSmall(t *testing.T) {
 		t.Fatalf("creating a producer grew the heap by %d MiB", grown>>20)
 	}
 }
+
+// TestFetchWaitFollowsThePartitions: an idle consumer sends one fetch of
+// every partition per fetch.wait.max.ms, so the default wait grows past
+// 512 partitions (100 ms below, at most 500 ms), and kafka.properties still
+// decides.
+func TestFetchWaitFollowsThePartitions(t *testing.T) {
+	for _, c := range []struct{ partitions, want int }{
+		{0, 100}, {12, 100}, {512, 100}, {768, 150}, {1024, 200}, {4096, 500},
+	} {
+		m := kafkaclient.ConsumerConfig(kafkaclient.ConsumerOptions{Brokers: []string{"x:9092"}, GroupID: "g", Partitions: c.partitions})
+		if got, _ := m.Get("fetch.wait.max.ms", nil); got != c.want {
+			t.Errorf("%d partitions: fetch.wait.max.ms = %v, want %d", c.partitions, got, c.want)
+		}
+	}
+	m := kafkaclient.ConsumerConfig(kafkaclient.ConsumerOptions{Brokers: []string{"x:9092"}, GroupID: "g", Partitions: 1024,
+		Properties: map[string]string{"fetch.wait.max.ms": "50"}})
+	if got, _ := m.Get("fetch.wait.max.ms", nil); got != "50" {
+		t.Errorf("kafka.properties fetch.wait.max.ms 50 gave %v", got)
+	}
+}
