@@ -55,6 +55,49 @@ func cleanEnv() []string {
 	return out
 }
 
+// runVars is the environment of a `ratchet run` on this run's broker and
+// database, reading topic in group, logging at level.
+func (e *benchEnv) runVars(topic, group, level string) []string {
+	return []string{
+		"RATCHET_KAFKA_BROKERS=" + strings.Join(e.brokers, ","),
+		"RATCHET_KAFKA_GROUP_ID=" + group,
+		"RATCHET_KAFKA_TOPICS=" + topic,
+		"RATCHET_POSTGRES_URL=" + e.db.url,
+		"RATCHET_HTTP_ADDR=127.0.0.1:0",
+		"RATCHET_LOG_LEVEL=" + level,
+	}
+}
+
+// waitUntil asks done once every `every` until it reports true. It stops the
+// process and returns an error when the process exits first, ctx ends,
+// done fails, or within passes (naming done's progress).
+func (p *ratchetProc) waitUntil(ctx context.Context, logPath string, every, within time.Duration,
+	done func() (ok bool, progress string, err error)) error {
+	deadline := time.Now().Add(within)
+	for {
+		select {
+		case err := <-p.done:
+			return fmt.Errorf("ratchet run exited early: %v (see %s)", err, logPath)
+		case <-ctx.Done():
+			_ = p.stop(30 * time.Second)
+			return ctx.Err()
+		case <-time.After(every):
+		}
+		ok, progress, err := done()
+		if err != nil {
+			_ = p.stop(30 * time.Second)
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			_ = p.stop(30 * time.Second)
+			return fmt.Errorf("ratchet run: %s after %s", progress, within)
+		}
+	}
+}
+
 // stop sends SIGTERM and waits for the exit.
 func (p *ratchetProc) stop(timeout time.Duration) error {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -71,44 +114,21 @@ func (p *ratchetProc) stop(timeout time.Duration) error {
 // measureMemory drains topic (n records) with `ratchet run` at its defaults
 // (exactly-once, dashboard) and reads its VmHWM once everything is stored.
 func measureMemory(ctx context.Context, env *benchEnv, topic, group string, n int64) (memResult, error) {
-	vars := []string{
-		"RATCHET_KAFKA_BROKERS=" + strings.Join(env.brokers, ","),
-		"RATCHET_KAFKA_GROUP_ID=" + group,
-		"RATCHET_KAFKA_TOPICS=" + topic,
-		"RATCHET_POSTGRES_URL=" + env.db.url,
-		"RATCHET_HTTP_ADDR=127.0.0.1:0",
-		"RATCHET_LOG_LEVEL=warn",
-	}
+	vars := env.runVars(topic, group, "warn")
 	if env.maxBuffered > 0 {
 		vars = append(vars, fmt.Sprintf("RATCHET_PROCESSING_MAX_BUFFERED_PER_PARTITION=%d", env.maxBuffered))
 	}
 	start := time.Now()
-	p, err := startRatchet(env.ratchetBin, vars, env.outPath("ratchet-run-"+topic+".log"))
+	logPath := env.outPath("ratchet-run-" + topic + ".log")
+	p, err := startRatchet(env.ratchetBin, vars, logPath)
 	if err != nil {
 		return memResult{}, err
 	}
-	deadline := time.Now().Add(10 * time.Minute)
-	for {
-		select {
-		case err := <-p.done:
-			return memResult{}, fmt.Errorf("ratchet run exited early: %v (see %s)", err, env.outPath("ratchet-run-"+topic+".log"))
-		case <-ctx.Done():
-			_ = p.stop(30 * time.Second)
-			return memResult{}, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+	if err := p.waitUntil(ctx, logPath, 100*time.Millisecond, 10*time.Minute, func() (bool, string, error) {
 		got, err := env.db.storedSum(ctx, group, topic)
-		if err != nil {
-			_ = p.stop(30 * time.Second)
-			return memResult{}, err
-		}
-		if got >= n {
-			break
-		}
-		if time.Now().After(deadline) {
-			_ = p.stop(30 * time.Second)
-			return memResult{}, fmt.Errorf("ratchet run: %d of %d stored after 10m", got, n)
-		}
+		return got >= n, fmt.Sprintf("%d of %d stored", got, n), err
+	}); err != nil {
+		return memResult{}, err
 	}
 	elapsed := time.Since(start)
 	hwm, err := procStatusKiB(p.cmd.Process.Pid, "VmHWM")

@@ -165,43 +165,19 @@ type idleResult struct {
 func measureIdle(ctx context.Context, env *benchEnv, topic, group string, partitions int, settle, window time.Duration) (idleResult, error) {
 	logPath := env.outPath("ratchet-run-" + topic + ".log")
 	_ = os.Remove(logPath)
-	vars := []string{
-		"RATCHET_KAFKA_BROKERS=" + strings.Join(env.brokers, ","),
-		"RATCHET_KAFKA_GROUP_ID=" + group,
-		"RATCHET_KAFKA_TOPICS=" + topic,
-		"RATCHET_POSTGRES_URL=" + env.db.url,
-		"RATCHET_HTTP_ADDR=127.0.0.1:0",
-		"RATCHET_LOG_LEVEL=info",
-	}
 	start := time.Now()
-	p, err := startRatchet(env.ratchetBin, vars, logPath)
+	p, err := startRatchet(env.ratchetBin, env.runVars(topic, group, "info"), logPath)
 	if err != nil {
 		return idleResult{}, err
 	}
 	res := idleResult{Partitions: partitions}
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		select {
-		case err := <-p.done:
-			return idleResult{}, fmt.Errorf("ratchet run exited early: %v (see %s)", err, logPath)
-		case <-ctx.Done():
-			_ = p.stop(30 * time.Second)
-			return idleResult{}, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
+	if err := p.waitUntil(ctx, logPath, 50*time.Millisecond, 5*time.Minute, func() (bool, string, error) {
 		var n int
-		if err := env.db.pool.QueryRow(ctx, "SELECT count(*) FROM ratchet_offsets WHERE consumer_group = $1 AND topic = $2",
-			group, topic).Scan(&n); err != nil {
-			_ = p.stop(30 * time.Second)
-			return idleResult{}, err
-		}
-		if n >= partitions {
-			break
-		}
-		if time.Now().After(deadline) {
-			_ = p.stop(30 * time.Second)
-			return idleResult{}, fmt.Errorf("ratchet run: %d of %d partitions claimed after 5m", n, partitions)
-		}
+		err := env.db.pool.QueryRow(ctx, "SELECT count(*) FROM ratchet_offsets WHERE consumer_group = $1 AND topic = $2",
+			group, topic).Scan(&n)
+		return n >= partitions, fmt.Sprintf("%d of %d partitions claimed", n, partitions), err
+	}); err != nil {
+		return idleResult{}, err
 	}
 	res.ToClaimed = time.Since(start)
 	select {
