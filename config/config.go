@@ -42,6 +42,7 @@ type Config struct {
 	Supervision    Supervision
 	HTTP           HTTP
 	Shutdown       Shutdown
+	Startup        Startup
 	Log            Log
 	SchemaRegistry SchemaRegistry
 }
@@ -172,6 +173,13 @@ type Shutdown struct {
 	Timeout time.Duration // shutdown.timeout, drain limit on stop
 }
 
+// Startup is the startup section.
+type Startup struct {
+	// Timeout (startup.timeout) is how long a start retries an unreachable
+	// PostgreSQL or Kafka before it gives up with exit 1; 0 waits forever.
+	Timeout time.Duration
+}
+
 // SchemaRegistry is the schema_registry section. When URL is set, protobuf
 // and json values are expected in the Confluent Schema Registry wire format
 // (magic byte, schema id, for protobuf the message indexes), and each
@@ -218,6 +226,7 @@ func Default() Config {
 		Supervision: Supervision{MaxRestarts: 10, Within: time.Minute},
 		HTTP:        HTTP{Addr: "127.0.0.1:8080"},
 		Shutdown:    Shutdown{Timeout: 30 * time.Second},
+		Startup:     Startup{Timeout: 5 * time.Minute},
 		Log:         Log{Level: "info", Format: "json"},
 	}
 }

@@ -78,6 +78,7 @@ func TestDefaults(t *testing.T) {
 		{"supervision.within", cfg.Supervision.Within, time.Minute},
 		{"http.addr", cfg.HTTP.Addr, "127.0.0.1:8080"},
 		{"shutdown.timeout", cfg.Shutdown.Timeout, 30 * time.Second},
+		{"startup.timeout", cfg.Startup.Timeout, 5 * time.Minute},
 		{"log.level", cfg.Log.Level, "info"},
 		{"log.format", cfg.Log.Format, "json"},
 		{"schema_registry.url", cfg.SchemaRegistry.URL.Reveal(), ""},
@@ -144,6 +145,8 @@ http:
   addr: "127.0.0.1:0"
 shutdown:
   timeout: 5s
+startup:
+  timeout: 0
 log:
   level: debug
   format: text
@@ -167,6 +170,7 @@ schema_registry:
 		Supervision:    Supervision{MaxRestarts: 2, Within: 10 * time.Second},
 		HTTP:           HTTP{Addr: "127.0.0.1:0"},
 		Shutdown:       Shutdown{Timeout: 5 * time.Second},
+		Startup:        Startup{Timeout: 0},
 		Log:            Log{Level: "debug", Format: "text"},
 		SchemaRegistry: SchemaRegistry{URL: "https://registry:8081", Username: "key", Password: "secret"},
 	}

@@ -50,6 +50,7 @@ var keys = []key{
 	{"supervision.within", "window of the restart budget", func(c *Config) any { return &c.Supervision.Within }},
 	{"http.addr", "metrics, health and the page; port 0: any free port; empty: off", func(c *Config) any { return &c.HTTP.Addr }},
 	{"shutdown.timeout", "drain limit on stop", func(c *Config) any { return &c.Shutdown.Timeout }},
+	{"startup.timeout", "how long a start retries an unreachable PostgreSQL or Kafka (WARN per attempt, /readyz 503) before exit 1 naming it; 0: forever", func(c *Config) any { return &c.Startup.Timeout }},
 	{"log.level", "debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
 	{"log.format", "json or text", func(c *Config) any { return &c.Log.Format }},
 	{"schema_registry.url", "Confluent Schema Registry, http(s)://host:port; when set, protobuf and json values are in its wire format (magic byte, schema id) and schema ids are looked up there; empty: off", func(c *Config) any { return &c.SchemaRegistry.URL }},

@@ -175,6 +175,9 @@ func (c Config) Validate() error {
 	if d := c.Shutdown.Timeout; d <= 0 || d > time.Hour {
 		v.bad("shutdown.timeout", fmtDuration(d), "more than 0, at most 1h")
 	}
+	if d := c.Startup.Timeout; d < 0 || (d > 0 && d < time.Second) || d > 24*time.Hour {
+		v.bad("startup.timeout", fmtDuration(d), "0 (wait forever), or 1s to 24h")
+	}
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "json", "text")
 	return v.err()

@@ -69,6 +69,8 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"http port", "http:\n  addr: 127.0.0.1:99999\n", nil, `http.addr: "127.0.0.1:99999" is not allowed`},
 		{"http no host", "http:\n  addr: :8080\n", nil, `http.addr: ":8080" is not allowed (allowed: an explicit host`},
 		{"shutdown", "", []string{"RATCHET_SHUTDOWN_TIMEOUT=0s"}, `shutdown.timeout (RATCHET_SHUTDOWN_TIMEOUT): "0" is not allowed (allowed: more than 0, at most 1h)`},
+		{"startup negative", "", []string{"RATCHET_STARTUP_TIMEOUT=-1s"}, `startup.timeout (RATCHET_STARTUP_TIMEOUT): "-1s" is not allowed (allowed: 0 (wait forever), or 1s to 24h)`},
+		{"startup too short", "startup:\n  timeout: 10ms\n", nil, `startup.timeout: "10ms" is not allowed (allowed: 0 (wait forever), or 1s to 24h)`},
 		{"broker without port", "", []string{"RATCHET_KAFKA_BROKERS=a:1,nohost"},
 			`kafka.brokers (RATCHET_KAFKA_BROKERS): "nohost" is not allowed (allowed: host:port with a port of 1..65535)`},
 		{"no brokers", "", []string{"RATCHET_KAFKA_BROKERS= , "}, `kafka.brokers (RATCHET_KAFKA_BROKERS): "" is not allowed (allowed: one or more host:port)`},
