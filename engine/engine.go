@@ -22,6 +22,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"ratchet/actors"
@@ -62,8 +63,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 	err = e.run(ctx)
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		// Stopped while starting (migrations, topic checks): a clean stop,
-		// nothing was consumed yet.
+		// Stopped while starting (waiting for PostgreSQL or Kafka,
+		// migrations, topic checks): a clean stop, nothing was consumed yet.
 		e.log.Info("engine stopped while starting", "reason", err.Error())
 		return nil
 	}
@@ -116,16 +117,57 @@ func newEngine(cfg config.Config, opts Options) (*engine, error) {
 
 func (e *engine) run(ctx context.Context) error {
 	cfg := e.cfg
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	pool, err := store.Open(startCtx, cfg.Postgres.URL.Reveal(), int32(cfg.Postgres.MaxConns))
+	// The HTTP server listens before anything is connected: while the
+	// start waits for PostgreSQL and Kafka, /healthz answers 200 (the
+	// process is alive; a liveness probe must not kill a pod that waits
+	// for its database) and /readyz 503 with what it waits for.
+	starting := web.NewStarting(web.Pipeline{Instance: e.opts.Owner, Group: cfg.Kafka.GroupID, Mode: cfg.Commit.Mode},
+		"connecting to PostgreSQL")
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	httpCtx, stopHTTP := context.WithCancel(context.Background())
+	defer func() { stopHTTP(); wg.Wait() }() // a start that fails stops the server too
+	if cfg.HTTP.Addr != "" {
+		srv := web.New(web.Options{Addr: cfg.HTTP.Addr, Gatherer: e.reg, Logger: e.log, Source: starting})
+		listening := make(chan error, 1)
+		wg.Go(func() { // ends when httpCtx is cancelled, after the supervisor stopped
+			err := srv.Run(httpCtx, func(addr string) {
+				listening <- nil
+				if e.opts.OnListening != nil {
+					e.opts.OnListening(addr)
+				}
+			})
+			listening <- err
+			if err != nil {
+				errs <- err
+			}
+		})
+		// A port in use stops the start before anything is connected.
+		if err := <-listening; err != nil {
+			return err
+		}
+	}
+
+	// Every step that needs PostgreSQL or Kafka is retried until
+	// startup.timeout, counted from here, runs out.
+	start := newStarter(e.log, cfg.Startup.Timeout, starting.Wait)
+	var pool *pgxpool.Pool
+	err := start.do(ctx, "PostgreSQL", func(ctx context.Context) error {
+		p, err := store.Open(ctx, cfg.Postgres.URL.Reveal(), int32(cfg.Postgres.MaxConns))
+		if err != nil {
+			return startPostgresError(err)
+		}
+		if err := store.Migrate(ctx, p); err != nil {
+			p.Close()
+			return startPostgresError(err)
+		}
+		pool = p
+		return nil
+	})
 	if err != nil {
 		return err
 	}
 	defer func() { pool.Close() }() // the pool in use at return (see the resize below)
-	if err := store.Migrate(startCtx, pool); err != nil {
-		return err
-	}
 	exactlyOnce := cfg.Commit.Mode == config.ModeExactlyOnce
 	e.log.Info("engine starting", "owner", e.opts.Owner, "group", cfg.Kafka.GroupID,
 		"topics", cfg.Kafka.Topics, "mode", cfg.Commit.Mode, "processor", e.opts.Processor.Name(),
@@ -180,7 +222,13 @@ func (e *engine) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	inputPartitions, err := ensureDLQTopics(startCtx, producer, cfg, e.log)
+	var inputPartitions int
+	starting.Wait("reading the input topics from Kafka")
+	err = start.do(ctx, "Kafka", func(ctx context.Context) error {
+		n, err := ensureDLQTopics(ctx, producer, cfg, e.log)
+		inputPartitions = n
+		return startKafkaError(err)
+	})
 	if err != nil {
 		producer.Close()
 		return err
@@ -189,13 +237,19 @@ func (e *engine) run(ctx context.Context) error {
 		// postgres.max_conns 0 means "input partitions + 4, at most
 		// DefaultMaxConns". The first pool (pgx's default size) only pinged
 		// and migrated.
-		sized, err := store.Open(startCtx, cfg.Postgres.URL.Reveal(), int32(DefaultPoolSize(inputPartitions)))
+		err := start.do(ctx, "PostgreSQL", func(ctx context.Context) error {
+			sized, err := store.Open(ctx, cfg.Postgres.URL.Reveal(), int32(DefaultPoolSize(inputPartitions)))
+			if err != nil {
+				return startPostgresError(err)
+			}
+			pool.Close()
+			pool = sized
+			return nil
+		})
 		if err != nil {
 			producer.Close()
 			return err
 		}
-		pool.Close()
-		pool = sized
 	}
 	dlq, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewDLQ(actors.DLQConfig{
 		Producer: producer, Topic: cfg.Kafka.DLQTopic, Logger: e.log, FlushBy: flushBy,
@@ -258,32 +312,8 @@ func (e *engine) run(ctx context.Context) error {
 		Logger:           e.log,
 	})
 
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	httpCtx, stopHTTP := context.WithCancel(context.Background())
-	defer stopHTTP()
-	if cfg.HTTP.Addr != "" {
-		srv := web.New(web.Options{Addr: cfg.HTTP.Addr, Gatherer: e.reg, Logger: e.log,
-			Source: &source{cfg: cfg, owner: e.opts.Owner, board: sup.Board(), pool: pool}})
-		listening := make(chan error, 1)
-		wg.Go(func() { // ends when httpCtx is cancelled, after the supervisor stopped
-			err := srv.Run(httpCtx, func(addr string) {
-				listening <- nil
-				if e.opts.OnListening != nil {
-					e.opts.OnListening(addr)
-				}
-			})
-			listening <- err
-			if err != nil {
-				errs <- err
-			}
-		})
-		// A port in use stops the start before anything is consumed.
-		if err := <-listening; err != nil {
-			wg.Wait()
-			return err
-		}
-	}
+	// From here the page and the probes read the running engine.
+	starting.Serve(&source{cfg: cfg, owner: e.opts.Owner, board: sup.Board(), pool: pool})
 	wg.Go(func() {
 		// The page stays up through the drain (readiness says draining),
 		// then goes.
@@ -343,7 +373,13 @@ func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, 
 		return 0, fmt.Errorf("admin client: %w", err)
 	}
 	defer admin.Close()
-	md, err := admin.GetMetadata(nil, true, 10000)
+	// GetMetadata takes no context: its timeout is what is left of ctx's
+	// deadline (one start-up attempt), at most 10 s.
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, max(time.Until(dl), time.Millisecond))
+	}
+	md, err := admin.GetMetadata(nil, true, int(timeout.Milliseconds()))
 	if err != nil {
 		return 0, fmt.Errorf("read topics from %v: %w", cfg.Kafka.Brokers, err)
 	}
