@@ -55,6 +55,9 @@ type PartitionConfig struct {
 	// NewDecoder returns the value decoder of this partition, called once
 	// per partition assignment; nil means an event.Decoder for Format.
 	NewDecoder func(topic string) ValueDecoder
+	// ResetWatch, in exactly-once mode, tells the actor when its stored
+	// position moved while it is idle (resetwatch.go); nil: off.
+	ResetWatch *ResetWatch
 }
 
 // partitionState is what a partition actor keeps across supervised
@@ -205,6 +208,10 @@ func (p *Partition) Receive(c actor.Context) {
 		p.drainers = append(p.drainers, c.Sender())
 	case *Seeked:
 		p.seeked(c, msg)
+	case *storeMoved:
+		p.storeMoved(c, msg)
+	case *actor.Stopped:
+		p.cfg.ResetWatch.untrack(p.cfg.TP, p.cfg.Gen)
 	case *actor.Restarting, *actor.Stopping:
 		p.stopTimer()
 		if p.retryCancel != nil {
@@ -227,6 +234,7 @@ func (p *Partition) started(c actor.Context) {
 	p.ctx, p.retryCancel = ctx, cancel
 	p.retry = c.Spawn(actor.PropsFromProducer(newRetry(ctx, p.cfg)))
 	p.lastQueued = p.state.next
+	p.cfg.ResetWatch.track(p.cfg.TP, p.cfg.Gen, c.Self(), p.epoch(), p.cfg.Progress)
 	if p.state.restarts > 0 {
 		// A restarted incarnation cannot trust its mailbox: records after
 		// the failed one may be queued, the failed one is gone. Ask for the

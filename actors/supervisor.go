@@ -78,6 +78,9 @@ type SupervisorConfig struct {
 	RestartWindow time.Duration
 	Metrics       *metrics.Metrics
 	Logger        *slog.Logger
+	// ResetWatch, in exactly-once mode, brings an offsets reset to an idle
+	// partition (resetwatch.go); nil: off.
+	ResetWatch *ResetWatch
 }
 
 // Supervisor owns the Kafka consumer and its poll loop, and is the parent of

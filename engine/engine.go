@@ -263,6 +263,16 @@ func (e *engine) run(ctx context.Context) error {
 	defer func() { awaitStopped(system.Root.PoisonFuture(dlq), flushBy()) }()
 
 	var claim actors.ClaimFunc
+	var resetWatch *actors.ResetWatch
+	if exactlyOnce {
+		resetWatch = actors.NewResetWatch(actors.ResetWatchConfig{
+			Root: system.Root, Logger: e.log,
+			Read: func(ctx context.Context) ([]store.OwnedPosition, error) {
+				return store.OwnedPositions(ctx, pool, cfg.Kafka.GroupID, e.opts.Owner)
+			},
+		})
+		wg.Go(func() { resetWatch.Run(httpCtx) }) // ends with the HTTP server, after the supervisor stopped
+	}
 	if exactlyOnce {
 		claim = func(ctx context.Context, reqs []store.ClaimRequest) ([]store.Claim, []error) {
 			return store.ClaimPartitions(ctx, pool, cfg.Kafka.GroupID, e.opts.Owner, reqs)
@@ -310,6 +320,7 @@ func (e *engine) run(ctx context.Context) error {
 		RestartWindow:    cfg.Supervision.Within,
 		Metrics:          e.m,
 		Logger:           e.log,
+		ResetWatch:       resetWatch,
 	})
 
 	// From here the page and the probes read the running engine.
