@@ -431,7 +431,7 @@ func executeReset(ctx context.Context, w io.Writer, cfg config.Config, k *kafkaT
 	case err != nil:
 		return fmt.Errorf("the store was reset, but Kafka's committed offsets were not updated: %w", err)
 	case active:
-		fmt.Fprintf(w, "the group has active members (state %s): each owner resumes from its new position at its next batch (an idle partition: when its next record arrives) and commits it to Kafka.\n", state)
+		fmt.Fprintf(w, "the group has active members (state %s): each owner resumes from its new position within about a second (an idle partition too) and commits it to Kafka.\n", state)
 	case len(moved) > 0:
 		if err := k.commitOffsets(moved); err != nil {
 			return fmt.Errorf("the store was reset (it is what the engine starts from), but Kafka's committed offsets were not updated: %w", err)
