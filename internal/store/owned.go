@@ -21,9 +21,10 @@ type OwnedPosition struct {
 // with what it believes (actors.ResetWatch) to notice an offsets reset
 // while no record arrives.
 //
-// It is one plain statement in its own implicit transaction: no session
-// state (no LISTEN, no lock, no SET), so it works through a
-// transaction-mode pooler as every other query of ratchet does.
+// It is one statement in its own implicit transaction, sent in the pool's
+// query mode like every other statement of ratchet: it leaves nothing on
+// the session (no LISTEN, no lock, no SET), so a transaction-mode pooler
+// may hand each poll to a different server connection.
 func OwnedPositions(ctx context.Context, pool *pgxpool.Pool, group, owner string) ([]OwnedPosition, error) {
 	rows, err := pool.Query(ctx, `
 SELECT topic, partition, next_offset, epoch FROM ratchet_offsets
