@@ -241,3 +241,27 @@ func TestBadConfigFailsBeforeConnecting(t *testing.T) {
 		t.Errorf("configuration error took %s: something was tried first", took)
 	}
 }
+
+// TestStartRefusedByPostgresIsNotRetried: a failure no retry can mend (a
+// database that does not exist) ends the start at once with exit 1, not
+// after startup.timeout.
+func TestStartRefusedByPostgresIsNotRetried(t *testing.T) {
+	_, addr := testenv.Kafka(t, 1, topic)
+	u, err := url.Parse(testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/ratchet_no_such_database"
+	cfg := testConfig(t, addr, u.String(), config.ModeExactlyOnce)
+	cfg.Startup.Timeout = time.Minute
+	began := time.Now()
+	r := startWith(t, cfg, engine.Options{}, testenv.Log{})
+	err = r.Wait(t, 20*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "PostgreSQL refused, not retried") ||
+		!strings.Contains(err.Error(), "ratchet_no_such_database") {
+		t.Fatalf("engine returned %v, want PostgreSQL's refusal naming the database", err)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("refusal took %s: it was retried", took)
+	}
+}
