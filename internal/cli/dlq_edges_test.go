@@ -1,0 +1,344 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/actors"
+	"ratchet/config"
+	"ratchet/internal/testenv"
+)
+
+// dlqWriter produces dead letters as the DLQ actor writes them.
+type dlqWriter struct {
+	tb testing.TB
+	p  *kafka.Producer
+}
+
+func newDLQWriter(tb testing.TB, addr string, extra kafka.ConfigMap) *dlqWriter {
+	tb.Helper()
+	m := kafka.ConfigMap{"bootstrap.servers": addr, "log_level": 3}
+	for k, v := range extra {
+		m[k] = v
+	}
+	p, err := kafka.NewProducer(&m)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(p.Close)
+	return &dlqWriter{tb: tb, p: p}
+}
+
+// letter is one dead letter of source record opsTopic[srcPart] at srcOff.
+type letter struct {
+	dlqPart  int32
+	srcPart  int32
+	srcOff   int64
+	failedAt time.Time
+	id       string
+}
+
+func (l letter) message(topic string) *kafka.Message {
+	return &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: l.dlqPart},
+		Key: []byte(l.id), Value: eventBytes(l.id, 1), Headers: []kafka.Header{
+			{Key: actors.HeaderError, Value: []byte("processor: permanent")},
+			{Key: actors.HeaderTopic, Value: []byte(opsTopic)},
+			{Key: actors.HeaderPartition, Value: []byte(strconv.Itoa(int(l.srcPart)))},
+			{Key: actors.HeaderOffset, Value: []byte(strconv.FormatInt(l.srcOff, 10))},
+			{Key: actors.HeaderAttempts, Value: []byte("1")},
+			{Key: actors.HeaderFailedAt, Value: []byte(l.failedAt.Format(time.RFC3339Nano))},
+		}}
+}
+
+// write produces letters to topic and waits for their delivery (or, in a
+// transaction, for their acknowledgement by the broker).
+func (w *dlqWriter) write(topic string, letters ...letter) {
+	w.tb.Helper()
+	deliveries := make(chan kafka.Event, len(letters))
+	for _, l := range letters {
+		if err := w.p.Produce(l.message(topic), deliveries); err != nil {
+			w.tb.Fatal(err)
+		}
+	}
+	for range letters {
+		select {
+		case ev := <-deliveries:
+			if m := ev.(*kafka.Message); m.TopicPartition.Error != nil {
+				w.tb.Fatal(m.TopicPartition.Error)
+			}
+		case <-time.After(30 * time.Second):
+			w.tb.Fatal("no delivery report within 30s")
+		}
+	}
+}
+
+var fullCountsRe = regexp.MustCompile(`(?:replayed|would replay) (\d+), skipped (\d+) already replayed, filtered out (\d+)` +
+	`(?:, skipped (\d+) duplicate dead letters?)?`)
+
+// replayFigures parses the summary line of `dlq replay`: replayed, already,
+// filtered, duplicates.
+func replayFigures(tb testing.TB, out string) [4]int {
+	tb.Helper()
+	m := fullCountsRe.FindStringSubmatch(out)
+	if m == nil {
+		tb.Fatalf("no summary line in:\n%s", out)
+	}
+	var n [4]int
+	for i := range n {
+		n[i], _ = strconv.Atoi(m[i+1])
+	}
+	return n
+}
+
+// TestReplayNewDeadLetterOfAReplayedRecord: idempotency is keyed by the
+// dead letter. A record replayed once that fails again (after an
+// `offsets reset`) is a new dead letter and is replayed; two dead letters
+// of one record seen in one run replay it once, and the other is recorded
+// as a duplicate; a dead letter that a run from before migration 005
+// skipped as a duplicate (it failed before that replay) stays skipped.
+func TestReplayNewDeadLetterOfAReplayedRecord(t *testing.T) {
+	_, addr := testenv.Kafka(t, 2, opsTopic, opsTopic+".dlq")
+	o := newOpsEnv(t, addr, config.ModeExactlyOnce)
+	dlq := opsTopic + ".dlq"
+	w := newDLQWriter(t, addr, nil)
+	t0 := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+
+	// Record 0/5 dead-lettered twice (the DLQ is at-least-once): replayed once.
+	w.write(dlq, letter{dlqPart: 0, srcPart: 0, srcOff: 5, failedAt: t0, id: "a"},
+		letter{dlqPart: 0, srcPart: 0, srcOff: 5, failedAt: t0.Add(time.Second), id: "a"})
+	out := o.mustRun(t, "dlq", "replay", "--execute")
+	if got := replayFigures(t, out); got != [4]int{1, 0, 0, 1} {
+		t.Fatalf("first run %v, want 1 replayed and 1 duplicate:\n%s", got, out)
+	}
+	if got := replayFigures(t, o.mustRun(t, "dlq", "replay", "--execute")); got != [4]int{0, 1, 0, 1} {
+		t.Fatalf("second run %v, want nothing replayed", got)
+	}
+
+	// After an offsets reset the replayed record fails again: a new dead
+	// letter of the same source offset, replayed.
+	w.write(dlq, letter{dlqPart: 1, srcPart: 0, srcOff: 5, failedAt: t0.Add(time.Hour), id: "a"})
+	dry := o.mustRun(t, "dlq", "replay")
+	if got := replayFigures(t, dry); got != [4]int{1, 1, 0, 1} || !strings.Contains(dry, "would replay "+dlq+"/1/0") {
+		t.Fatalf("dry run after the new failure %v:\n%s", got, dry)
+	}
+	out = o.mustRun(t, "dlq", "replay", "--execute")
+	if got := replayFigures(t, out); got != [4]int{1, 1, 0, 1} {
+		t.Fatalf("run after the new failure %v, want the new dead letter replayed:\n%s", got, out)
+	}
+	if rep := replayedRecords(t, o); len(rep) != 2 || len(rep[dlq+"/0/0"]) != 1 || len(rep[dlq+"/1/0"]) != 1 {
+		t.Fatalf("replayed records %v, want %s/0/0 and %s/1/0 once each", rep, dlq, dlq)
+	}
+
+	// A row written before migration 005 (legacy): its run replayed 1/7 at
+	// t0+2h and skipped, unrecorded, a duplicate that failed before then.
+	// A dead letter of 1/7 that failed after it is new.
+	w.write(dlq, letter{dlqPart: 0, srcPart: 1, srcOff: 7, failedAt: t0, id: "b"},
+		letter{dlqPart: 0, srcPart: 1, srcOff: 7, failedAt: t0.Add(time.Minute), id: "b"},
+		letter{dlqPart: 0, srcPart: 1, srcOff: 7, failedAt: t0.Add(3 * time.Hour), id: "b"})
+	if _, err := o.pool.Exec(context.Background(), `INSERT INTO ratchet_replays (dlq_topic, dlq_partition, dlq_offset, topic,
+partition, source_offset, to_topic, to_partition, state, search_from, replayed_offset, updated_at, legacy)
+VALUES ($1, 0, 2, $2, 1, 7, $2, 1, 'done', 0, 0, $3, true)`, dlq, opsTopic, t0.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	out = o.mustRun(t, "dlq", "replay", "--execute")
+	if got := replayFigures(t, out); got != [4]int{1, 3, 0, 2} || !strings.Contains(out, "replayed "+dlq+"/0/4 ") {
+		t.Fatalf("run with a legacy row %v, want only %s/0/4 replayed:\n%s", got, dlq, out)
+	}
+	if n := o.count(t, `SELECT count(*) FROM ratchet_replays WHERE state = 'duplicate'`); n != 2 {
+		t.Errorf("%d duplicates recorded, want 2", n)
+	}
+}
+
+// TestReplayReadsByPosition: the dead-letter topic holds transactions: a
+// partition that ends in a commit marker, an aborted transaction (offsets
+// without records), and an open transaction with dead letters after it.
+// The dry run and the replay end at once (no wait for offsets that never
+// come), read everything readable, say what is held back, and a later run
+// replays what the open transaction held back once it commits. A pending
+// replay whose record may be behind an open transaction in its source
+// partition stays pending (exit 1) until it can be searched.
+func TestReplayReadsByPosition(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 3, opsTopic, opsTopic+".dlq")
+	o := newOpsEnv(t, addr, config.ModeExactlyOnce)
+	dlq := opsTopic + ".dlq"
+	t0 := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l := func(dlqPart int32, off int64) letter {
+		return letter{dlqPart: dlqPart, srcPart: dlqPart, srcOff: off, failedAt: t0.Add(time.Duration(off) * time.Minute),
+			id: fmt.Sprint("d", dlqPart, "-", off)}
+	}
+	plain := newDLQWriter(t, addr, nil)
+	txn := func(id string) *dlqWriter {
+		w := newDLQWriter(t, addr, kafka.ConfigMap{"transactional.id": id})
+		if err := w.p.InitTransactions(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.p.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	// Partition 0: a plain dead letter, then a committed transaction: the
+	// last offset is the commit marker.
+	plain.write(dlq, l(0, 1))
+	c := txn("commit")
+	c.write(dlq, l(0, 2))
+	if err := c.p.CommitTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Partition 1: an aborted transaction, then a plain dead letter.
+	a := txn("abort")
+	a.write(dlq, l(1, 1))
+	if err := a.p.AbortTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	plain.write(dlq, l(1, 2))
+	// Partition 2: a plain dead letter, an open transaction, and a plain
+	// dead letter after it.
+	plain.write(dlq, l(2, 1))
+	open := txn("open")
+	open.write(dlq, l(2, 2))
+	plain.write(dlq, l(2, 3))
+
+	start := time.Now()
+	dry := o.mustRun(t, "dlq", "replay")
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("the dry run took %v", took)
+	}
+	if got := replayFigures(t, dry); got != [4]int{4, 0, 0, 0} ||
+		!strings.Contains(dry, dlq+"[2]: offsets 1..") || !strings.Contains(dry, "open transaction") {
+		t.Fatalf("dry run %v, want 4 (0/1, 0/2, 1/2, 2/1) and a note on partition 2:\n%s", got, dry)
+	}
+	out := o.mustRun(t, "dlq", "replay", "--execute")
+	if got := replayFigures(t, out); got != [4]int{4, 0, 0, 0} {
+		t.Fatalf("replay %v:\n%s", got, out)
+	}
+	ls := o.mustRun(t, "dlq", "ls")
+	if !strings.Contains(ls, dlq+": 4 dead letters") {
+		t.Errorf("dlq ls (the aborted one is not a dead letter, the open one not readable yet):\n%s", ls)
+	}
+
+	// The open transaction commits: its dead letter and the one after it
+	// are replayed; nothing is replayed twice.
+	if err := open.p.CommitTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out = o.mustRun(t, "dlq", "replay", "--execute")
+	if got := replayFigures(t, out); got != [4]int{2, 4, 0, 0} {
+		t.Fatalf("replay after the commit %v, want 2 more:\n%s", got, out)
+	}
+	rep := replayedRecords(t, o)
+	if len(rep) != 6 {
+		t.Errorf("%d dead letters replayed, want 6: %v", len(rep), rep)
+	}
+	for from, ms := range rep {
+		if len(ms) != 1 {
+			t.Errorf("%s replayed %d times", from, len(ms))
+		}
+	}
+
+	// A pending replay (produced by a run killed before its delivery was
+	// recorded, as far as the rows know) to source partition 1, where an
+	// open transaction now holds offsets back: the replay may be behind
+	// it, so it stays pending and is not produced again.
+	at := ends(cluster, dlq)[1]
+	plain.write(dlq, l(1, 9))
+	src := txn("open-source")
+	src.write(opsTopic, letter{dlqPart: 1, srcPart: 1, srcOff: 0, failedAt: t0, id: "upstream"})
+	if _, err := o.pool.Exec(ctx, `INSERT INTO ratchet_replays (dlq_topic, dlq_partition, dlq_offset, topic, partition,
+source_offset, to_topic, to_partition, state, search_from) VALUES ($1, 1, $3, $2, 1, 9, $2, 1, 'pending', 0)`, dlq, opsTopic, at); err != nil {
+		t.Fatal(err)
+	}
+	where := fmt.Sprintf("%s/1/%d", dlq, at)
+	code, out, errOut := o.run(t, "dlq", "replay", "--execute")
+	if code != ExitError || !strings.Contains(out, "left "+where+" pending: its replay may be in events[1] past offsets not readable yet") ||
+		!strings.Contains(errOut, "pending") {
+		t.Fatalf("a pending replay behind an open transaction: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if n := len(replayedRecords(t, o)[where]); n != 0 {
+		t.Fatalf("the pending replay was produced again while it could not be searched")
+	}
+	// Once the transaction ends, the search reaches the end: not there,
+	// so it was never delivered, and it is replayed once.
+	if err := src.p.AbortTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out = o.mustRun(t, "dlq", "replay", "--execute")
+	if !strings.Contains(out, "1 not delivered (replayed again)") || len(replayedRecords(t, o)[where]) != 1 {
+		t.Fatalf("after the transaction ended:\n%s", out)
+	}
+}
+
+// TestReplayForAnotherGroup: a replayed record carries the group it is for;
+// an engine of another group skips it (not applied, not dead-lettered,
+// its offset passed) and counts it in ratchet_replays_skipped_total; its
+// own group's replays and records without the header are applied.
+// --to-topic replays into a topic of one's own.
+func TestReplayForAnotherGroup(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 2, opsTopic, opsTopic+".dlq", "mine")
+	o := newOpsEnv(t, addr, config.ModeExactlyOnce)
+	cfg := o.config(t)
+	eng := startEngine(t, cfg, newLedger("a"), "a")
+	kp := newKafkaProducer(t, addr)
+	for _, h := range [][]kafka.Header{
+		nil,
+		{{Key: HeaderReplayedFrom, Value: []byte("events.dlq/0/0")}, {Key: actors.HeaderReplayGroup, Value: []byte("another-group")}},
+		{{Key: HeaderReplayedFrom, Value: []byte("events.dlq/0/1")}, {Key: actors.HeaderReplayGroup, Value: []byte(cfg.Kafka.GroupID)}},
+		{{Key: HeaderReplayedFrom, Value: []byte("events.dlq/0/2")}, {Key: actors.HeaderReplayGroup, Value: []byte("another-group")}},
+	} {
+		if _, err := kp.send(0, 1, positive, h, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCaughtUp(t, cluster, o, cfg.Kafka.GroupID)
+	if got := o.count(t, `SELECT count(*) FROM test_ledger`); got != 2 {
+		t.Errorf("%d records applied, want 2 (the plain one and the own group's replay)", got)
+	}
+	if got := o.count(t, `SELECT count(*) FROM test_ledger WHERE off IN (1, 3)`); got != 0 {
+		t.Errorf("a replay for another group was applied")
+	}
+	if got := o.count(t, `SELECT count(*) FROM ratchet_dead_letters`); got != 0 {
+		t.Errorf("%d dead letters, want none", got)
+	}
+	page := eng.Addr(t, 30*time.Second)
+	metric := func() string {
+		resp, err := http.Get("http://" + page + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return regexp.MustCompile(`(?m)^ratchet_replays_skipped_total\{topic="events"\} \d+`).FindString(string(b))
+	}
+	if got := metric(); got != `ratchet_replays_skipped_total{topic="events"} 2` {
+		t.Errorf("metric %q, want 2 skipped", got)
+	}
+
+	// --to-topic: into a topic of one's own, same partition number.
+	w := newDLQWriter(t, addr, nil)
+	w.write(opsTopic+".dlq", letter{dlqPart: 1, srcPart: 1, srcOff: 3, failedAt: time.Now().UTC(), id: "x"})
+	out := o.mustRun(t, "dlq", "replay", "--to-topic", "mine", "--execute")
+	if got := replayFigures(t, out); got != [4]int{1, 0, 0, 0} || !strings.Contains(out, "to mine[1]") {
+		t.Fatalf("--to-topic run %v:\n%s", got, out)
+	}
+	ms := readAll(t, o, "mine")
+	if len(ms) != 1 {
+		t.Fatalf("%d records in mine, want 1", len(ms))
+	}
+	if g, _ := header(ms[0], actors.HeaderReplayGroup); g != cfg.Kafka.GroupID {
+		t.Errorf("replay group header %q", g)
+	}
+	if code, _, errOut := o.run(t, "dlq", "replay", "--to-topic", "nope", "--execute"); code != ExitConfig || !strings.Contains(errOut, "nope") {
+		t.Errorf("--to-topic of a missing topic: exit %d, %s", code, errOut)
+	}
+}
