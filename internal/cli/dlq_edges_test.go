@@ -342,3 +342,104 @@ func TestReplayForAnotherGroup(t *testing.T) {
 		t.Errorf("--to-topic of a missing topic: exit %d, %s", code, errOut)
 	}
 }
+
+// TestReplayDryRunIsTheExecutePlan: after an interrupted run (records
+// delivered but not recorded, a pending row whose record never went out)
+// and with duplicates in the dead-letter topic, a dry run reports exactly
+// what --execute then does: the same counts, the same pending rows found
+// delivered and not, and writes nothing. The execute resolves every
+// pending row: each dead letter ends up in the source topic exactly once.
+func TestReplayDryRunIsTheExecutePlan(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 2, opsTopic, opsTopic+".dlq")
+	o := newOpsEnv(t, addr, config.ModeExactlyOnce)
+	cfg := o.config(t)
+	dlq := opsTopic + ".dlq"
+	t0 := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	w := newDLQWriter(t, addr, nil)
+	const n = 30
+	var ls []letter
+	for i := range n {
+		ls = append(ls, letter{dlqPart: int32(i % 2), srcPart: int32(i % 2), srcOff: int64(i), failedAt: t0.Add(time.Duration(i) * time.Minute),
+			id: fmt.Sprint("r", i)})
+	}
+	// Two duplicates (same source record, written again).
+	ls = append(ls, letter{dlqPart: 0, srcPart: 0, srcOff: 0, failedAt: t0.Add(time.Hour), id: "r0"},
+		letter{dlqPart: 1, srcPart: 1, srcOff: 1, failedAt: t0.Add(time.Hour), id: "r1"})
+	w.write(dlq, ls...)
+
+	defer func(c int) { replayChunk = c }(replayChunk)
+	replayChunk = 10
+	reports := 0
+	var first strings.Builder
+	if _, err := replay(context.Background(), &first, cfg, replayOptions{execute: true},
+		func() bool { reports++; return reports == 5 }); err == nil {
+		t.Fatalf("the interrupted run did not stop:\n%s", first.String())
+	}
+	// One more pending row whose record never went out: the last dead
+	// letter of record 1/29 (events.dlq/1/14, in a chunk the interrupted
+	// run never reached) is recorded pending from the current end.
+	end := ends(cluster, opsTopic)[1]
+	if _, err := o.pool.Exec(context.Background(), `INSERT INTO ratchet_replays (dlq_topic, dlq_partition, dlq_offset, topic,
+partition, source_offset, to_topic, to_partition, state, search_from) VALUES ($1, 1, 14, $2, 1, 29, $2, 1, 'pending', $3)`,
+		dlq, opsTopic, end); err != nil {
+		t.Fatal(err)
+	}
+	snapshot := func() string {
+		rows, err := o.pool.Query(context.Background(), `SELECT dlq_partition, dlq_offset, state FROM ratchet_replays ORDER BY 1, 2`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var b strings.Builder
+		for rows.Next() {
+			var p int32
+			var off int64
+			var st string
+			if err := rows.Scan(&p, &off, &st); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&b, "%d/%d %s;", p, off, st)
+		}
+		return b.String() + fmt.Sprint(ends(cluster, opsTopic))
+	}
+	before := snapshot()
+	dry := o.mustRun(t, "dlq", "replay")
+	if after := snapshot(); after != before {
+		t.Fatalf("the dry run wrote something:\nbefore %s\nafter  %s", before, after)
+	}
+	exec := o.mustRun(t, "dlq", "replay", "--execute")
+	summary := func(out string) string {
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "already replayed") {
+				return strings.Replace(line, "would replay", "replayed", 1)
+			}
+		}
+		t.Fatalf("no summary in:\n%s", out)
+		return ""
+	}
+	t.Logf("dry run:  %s\nexecute: %s", summary(dry), summary(exec))
+	if summary(dry) != summary(exec) {
+		t.Errorf("the dry run's plan differs from what --execute did:\ndry run: %s\nexecute: %s", summary(dry), summary(exec))
+	}
+	if !strings.Contains(exec, "pending from an interrupted run") || !strings.Contains(exec, " 1 not delivered") {
+		t.Errorf("the execute did not resolve the pending rows:\n%s", exec)
+	}
+	if strings.Count(dry, "by an interrupted run") != strings.Count(exec, "by an interrupted run") {
+		t.Errorf("the dry run and the execute found different records of the interrupted run")
+	}
+	rep := replayedRecords(t, o)
+	if len(rep) != n {
+		t.Errorf("%d dead letters replayed, want %d", len(rep), n)
+	}
+	for from, ms := range rep {
+		if len(ms) != 1 {
+			t.Errorf("%s replayed %d times", from, len(ms))
+		}
+	}
+	if got := o.count(t, `SELECT count(*) FROM ratchet_replays WHERE state = 'pending'`); got != 0 {
+		t.Errorf("%d rows left pending", got)
+	}
+	if got := replayFigures(t, o.mustRun(t, "dlq", "replay", "--execute")); got != [4]int{0, n, 0, 2} {
+		t.Errorf("a rerun %v, want nothing to do", got)
+	}
+}
