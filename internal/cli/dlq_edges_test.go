@@ -443,3 +443,100 @@ partition, source_offset, to_topic, to_partition, state, search_from) VALUES ($1
 		t.Errorf("a rerun %v, want nothing to do", got)
 	}
 }
+
+// TestReplayThroughPgBouncer: behind PgBouncer in transaction mode, with
+// the URL a user would write, `dlq replay --execute` runs twice in a row
+// (the second finds nothing to do: the first left no lock behind on a
+// server session), and two runs at once exclude each other: while one
+// holds the lease, the other is refused; run together, each dead letter
+// is replayed once. Nothing mentions a prepared statement.
+func TestReplayThroughPgBouncer(t *testing.T) {
+	_, addr := testenv.Kafka(t, 2, opsTopic, opsTopic+".dlq")
+	o := newOpsEnv(t, addr, config.ModeExactlyOnce)
+	bouncer := testenv.StartPgBouncer(t, o.db, testenv.PgBouncerOptions{PoolSize: 2})
+	o.db = bouncer.URL()
+	cfg := o.config(t)
+	dlq := opsTopic + ".dlq"
+	w := newDLQWriter(t, addr, nil)
+	t0 := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	batch := func(from, n int) {
+		var ls []letter
+		for i := from; i < from+n; i++ {
+			ls = append(ls, letter{dlqPart: int32(i % 2), srcPart: int32(i % 2), srcOff: int64(i), failedAt: t0.Add(time.Duration(i) * time.Second),
+				id: fmt.Sprint("p", i)})
+		}
+		w.write(dlq, ls...)
+	}
+	var outputs strings.Builder
+	batch(0, 20)
+	out := o.mustRun(t, "dlq", "replay", "--execute")
+	outputs.WriteString(out)
+	if got := replayFigures(t, out); got != [4]int{20, 0, 0, 0} {
+		t.Fatalf("first run %v:\n%s", got, out)
+	}
+	out = o.mustRun(t, "dlq", "replay", "--execute")
+	outputs.WriteString(out)
+	if got := replayFigures(t, out); got != [4]int{0, 20, 0, 0} {
+		t.Fatalf("second run in a row %v:\n%s", got, out)
+	}
+
+	// While one run holds the lease (stopped at its first delivery
+	// report), another is refused.
+	batch(20, 10)
+	var code int
+	var second, secondErr string
+	asked := false
+	var first strings.Builder
+	_, err := replay(context.Background(), &first, cfg, replayOptions{execute: true}, func() bool {
+		if !asked {
+			asked = true
+			code, second, secondErr = o.run(t, "dlq", "replay", "--execute")
+		}
+		return false
+	})
+	outputs.WriteString(first.String() + second + secondErr)
+	if err != nil {
+		t.Fatalf("the run holding the lease: %v\n%s", err, first.String())
+	}
+	if code != ExitError || !strings.Contains(secondErr, "another replay of this dead-letter topic is running") {
+		t.Fatalf("a run while another holds the lease: exit %d\nstdout:\n%s\nstderr:\n%s", code, second, secondErr)
+	}
+
+	// Two at once, as two operators would: each dead letter once.
+	batch(30, 10)
+	type result struct {
+		code     int
+		out, err string
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			c, out, errOut := o.run(t, "dlq", "replay", "--execute")
+			results <- result{c, out, errOut}
+		}()
+	}
+	for range 2 {
+		r := <-results
+		outputs.WriteString(r.out + r.err)
+		if r.code != ExitOK && !strings.Contains(r.err, "another replay") {
+			t.Errorf("a concurrent run: exit %d\n%s\n%s", r.code, r.out, r.err)
+		}
+	}
+	out = o.mustRun(t, "dlq", "replay", "--execute")
+	outputs.WriteString(out)
+	if got := replayFigures(t, out); got != [4]int{0, 40, 0, 0} {
+		t.Errorf("after the concurrent runs %v, want all 40 replayed already", got)
+	}
+	rep := replayedRecords(t, o)
+	if len(rep) != 40 {
+		t.Errorf("%d dead letters replayed, want 40", len(rep))
+	}
+	for from, ms := range rep {
+		if len(ms) != 1 {
+			t.Errorf("%s replayed %d times", from, len(ms))
+		}
+	}
+	if strings.Contains(strings.ToLower(outputs.String()), "prepared statement") {
+		t.Errorf("the output mentions a prepared statement:\n%s", outputs.String())
+	}
+}
