@@ -1,13 +1,17 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 
 	"ratchet/actors"
 	"ratchet/config"
+	"ratchet/internal/store"
 	"ratchet/internal/testenv"
 )
 
@@ -538,5 +543,112 @@ func TestReplayThroughPgBouncer(t *testing.T) {
 	}
 	if strings.Contains(strings.ToLower(outputs.String()), "prepared statement") {
 		t.Errorf("the output mentions a prepared statement:\n%s", outputs.String())
+	}
+}
+
+// replayHelperEnv, set, makes TestReplayHelperProcess a `dlq replay
+// --execute` that stops for good after its first delivery report (before
+// recording it) and says so on stdout, to be killed there.
+const replayHelperEnv = "RATCHET_TEST_REPLAY_HELPER"
+
+// TestReplayHelperProcess is not a test: TestReplayKilledWithSIGKILL runs
+// the test binary with replayHelperEnv set, and this is what it runs.
+func TestReplayHelperProcess(t *testing.T) {
+	if os.Getenv(replayHelperEnv) == "" {
+		t.Skip("run by TestReplayKilledWithSIGKILL")
+	}
+	ttl, err := time.ParseDuration(os.Getenv(replayHelperEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.ReplayLeaseTTL = ttl
+	cfg, err := config.Load("", os.Environ())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = replay(context.Background(), io.Discard, cfg, replayOptions{execute: true}, func() bool {
+		fmt.Println("delivered")
+		select {} // until killed
+	})
+	t.Fatalf("the helper replay ended: %v", err)
+}
+
+// TestReplayKilledWithSIGKILL: a replay killed with -9 between a delivery
+// report and its record, behind PgBouncer in transaction mode, leaves its
+// lease to expire: the next run is refused while it lasts and runs once it
+// has expired, resolving the killed run's pending rows; each dead letter
+// ends up in the source topic once.
+func TestReplayKilledWithSIGKILL(t *testing.T) {
+	_, addr := testenv.Kafka(t, 2, opsTopic, opsTopic+".dlq")
+	o := newOpsEnv(t, addr, config.ModeExactlyOnce)
+	bouncer := testenv.StartPgBouncer(t, o.db, testenv.PgBouncerOptions{PoolSize: 2})
+	o.db = bouncer.URL()
+	dlq := opsTopic + ".dlq"
+	t0 := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	var ls []letter
+	for i := range 20 {
+		ls = append(ls, letter{dlqPart: int32(i % 2), srcPart: int32(i % 2), srcOff: int64(i), failedAt: t0.Add(time.Duration(i) * time.Second),
+			id: fmt.Sprint("k", i)})
+	}
+	newDLQWriter(t, addr, nil).write(dlq, ls...)
+
+	const ttl = 3 * time.Second
+	cmd := exec.Command(os.Args[0], "-test.run=^TestReplayHelperProcess$", "-test.v")
+	cmd.Env = append(append(os.Environ(), o.environ()...), replayHelperEnv+"="+ttl.String())
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var helperErr testenv.Buffer
+	cmd.Stderr = &helperErr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ready := make(chan struct{})
+	go func() { // ends when the helper's stdout closes (it is killed)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if sc.Text() == "delivered" {
+				close(ready)
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case <-ready:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the helper replay did not deliver anything:\n%s", helperErr.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	killed := time.Now()
+
+	code, out, errOut := o.run(t, "dlq", "replay", "--execute")
+	if code != ExitError || !strings.Contains(errOut, "another replay of this dead-letter topic is running") {
+		t.Fatalf("a run right after the kill: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		code, out, errOut = o.run(t, "dlq", "replay", "--execute")
+		return code == ExitOK
+	}, "a run succeeds once the killed run's lease expired (last: exit %d, %s)", code, errOut)
+	t.Logf("the next run went through %v after the kill (lease %v):\n%s", time.Since(killed).Round(100*time.Millisecond), ttl, lastLines(out, 1))
+	if !strings.Contains(out, "pending from an interrupted run") {
+		t.Errorf("the run after the kill found no pending rows:\n%s", out)
+	}
+	rep := replayedRecords(t, o)
+	if len(rep) != 20 {
+		t.Errorf("%d dead letters replayed, want 20", len(rep))
+	}
+	for from, ms := range rep {
+		if len(ms) != 1 {
+			t.Errorf("%s replayed %d times", from, len(ms))
+		}
+	}
+	if got := o.count(t, `SELECT count(*) FROM ratchet_replays WHERE state = 'done'`); got != 20 {
+		t.Errorf("%d replays recorded done, want 20", got)
 	}
 }
