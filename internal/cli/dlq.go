@@ -665,8 +665,10 @@ func (r *replayer) topic(ctx context.Context, dlqTopic string, parts []int32) er
 		// took it) stops producing at once.
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(ctx)
-		defer cancel(nil)
-		go func() {
+		watched := make(chan struct{})
+		defer func() { cancel(nil); <-watched }()
+		go func() { // ends with the lease lost, or with this topic's run
+			defer close(watched)
 			select {
 			case <-lease.Lost():
 				cancel(fmt.Errorf("%s: the replay lease expired and was taken by another run", dlqTopic))
