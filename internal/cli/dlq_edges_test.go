@@ -592,7 +592,7 @@ func TestReplayKilledWithSIGKILL(t *testing.T) {
 	}
 	newDLQWriter(t, addr, nil).write(dlq, ls...)
 
-	const ttl = 3 * time.Second
+	const ttl = 5 * time.Second
 	cmd := exec.Command(os.Args[0], "-test.run=^TestReplayHelperProcess$", "-test.v")
 	cmd.Env = append(append(os.Environ(), o.environ()...), replayHelperEnv+"="+ttl.String())
 	stdout, err := cmd.StdoutPipe()
