@@ -466,6 +466,9 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 	var letters []Letter
 	for _, m := range take {
 		e := p.decode(m)
+		if errors.Is(e.poison, ErrSkip) {
+			continue // in the batch's offsets, not in its records
+		}
 		if e.poison != nil {
 			letters = append(letters, Letter{Record: e.rec, Reason: e.poison, Attempts: 1})
 			continue

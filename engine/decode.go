@@ -67,7 +67,7 @@ func newDecoders(cfg config.Config, opts Options, m *metrics.Metrics) (func(topi
 			return nil, err
 		}
 	}
-	return func(topic string) actors.ValueDecoder {
+	decoder := func(topic string) actors.ValueDecoder {
 		format := cfg.FormatFor(topic)
 		switch {
 		case opts.Decoder != nil:
@@ -80,6 +80,9 @@ func newDecoders(cfg config.Config, opts Options, m *metrics.Metrics) (func(topi
 		default:
 			return &counted{dec: event.NewDecoder(format), counts: newCounts(m, topic, format)}
 		}
+	}
+	return func(topic string) actors.ValueDecoder {
+		return skipReplaysOfOtherGroups(decoder(topic), cfg.Kafka.GroupID, m.ReplaysSkipped.WithLabelValues(topic))
 	}, nil
 }
 

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -32,7 +35,7 @@ const HeaderReplayedFrom = "ratchet.replayed_from"
 // dlqHeaders are the headers the DLQ actor adds; everything else on a dead
 // letter is the original record's.
 var dlqHeaders = []string{actors.HeaderError, actors.HeaderTopic, actors.HeaderPartition, actors.HeaderOffset,
-	actors.HeaderAttempts, actors.HeaderFailedAt, HeaderReplayedFrom}
+	actors.HeaderAttempts, actors.HeaderFailedAt, HeaderReplayedFrom, actors.HeaderReplayGroup}
 
 func dlqCmd(ctx context.Context, e *env, args []string) error {
 	if len(args) > 0 {
@@ -123,60 +126,139 @@ func dlqTopics(cfg config.Config, topic string) []string {
 	return out
 }
 
-// readPartition reads topic[partition] from from up to the end offset it
-// has now, and calls fn for each record. Records produced meanwhile are not
-// read: the command works on a snapshot.
-func (k *kafkaTool) readPartition(ctx context.Context, topic string, partition int32, from int64, fn func(*kafka.Message) error) error {
-	low, high, err := k.c.QueryWatermarkOffsets(topic, partition, kafkaTimeoutMs)
-	if err != nil {
-		return fmt.Errorf("watermarks of %s[%d]: %w", topic, partition, err)
+// partitionEnds is where reading a partition ends: stable is its last
+// stable offset, the end of what a read_committed consumer can read now
+// (the high watermark unless a transaction is open), high its high
+// watermark, low its first offset.
+type partitionEnds struct{ low, stable, high int64 }
+
+// hidden reports whether offsets past stable exist that cannot be read
+// yet: an open transaction holds them back.
+func (e partitionEnds) hidden() bool { return e.stable < e.high }
+
+// ends asks the partition's leader for its earliest offset, last stable
+// offset and high watermark.
+func (k *kafkaTool) ends(ctx context.Context, topic string, partition int32) (partitionEnds, error) {
+	ask := func(spec kafka.OffsetSpec, level kafka.IsolationLevel) (int64, error) {
+		t := topic
+		res, err := k.a.ListOffsets(ctx, map[kafka.TopicPartition]kafka.OffsetSpec{{Topic: &t, Partition: partition}: spec},
+			kafka.SetAdminIsolationLevel(level), kafka.SetAdminRequestTimeout(kafkaTimeoutMs*time.Millisecond))
+		if err != nil {
+			return 0, err
+		}
+		for tp, r := range res.ResultInfos {
+			if tp.Topic == nil || *tp.Topic != topic || tp.Partition != partition {
+				continue
+			}
+			if r.Error.Code() != kafka.ErrNoError {
+				return 0, r.Error
+			}
+			return int64(r.Offset), nil
+		}
+		return 0, errors.New("no answer for the partition")
 	}
-	from = max(from, low)
-	if from >= high {
-		return nil
+	var e partitionEnds
+	var err error
+	if e.low, err = ask(kafka.EarliestOffsetSpec, kafka.IsolationLevelReadUncommitted); err == nil {
+		if e.stable, err = ask(kafka.LatestOffsetSpec, kafka.IsolationLevelReadCommitted); err == nil {
+			e.high, err = ask(kafka.LatestOffsetSpec, kafka.IsolationLevelReadUncommitted)
+		}
+	}
+	if err != nil {
+		return e, fmt.Errorf("offsets of %s[%d]: %w", topic, partition, err)
+	}
+	return e, nil
+}
+
+// readPartition reads topic[partition] from from up to its last stable
+// offset now, and calls fn for each record; it returns the ends it read
+// up to. Records produced meanwhile are not read: the command works on a
+// snapshot.
+//
+// It ends by the consumer's position, never by the offset of the last
+// record it saw: offsets without a record to deliver (transaction markers,
+// aborted transactions, compacted records) count as read once the consumer
+// is past them, which librdkafka reports with a partition EOF at the
+// position it reached. Offsets at or past the last stable offset (an open
+// transaction upstream, and everything after it) are not readable yet;
+// the caller sees that in the returned ends and must not treat them as
+// "not there".
+func (k *kafkaTool) readPartition(ctx context.Context, topic string, partition int32, from int64, fn func(*kafka.Message) error) (partitionEnds, error) {
+	e, err := k.ends(ctx, topic, partition)
+	if err != nil {
+		return e, err
+	}
+	from = max(from, e.low)
+	end := e.stable
+	if from >= end {
+		return e, nil
 	}
 	t := topic
 	if err := k.c.Assign([]kafka.TopicPartition{{Topic: &t, Partition: partition, Offset: kafka.Offset(from)}}); err != nil {
-		return fmt.Errorf("read %s[%d]: %w", topic, partition, err)
+		return e, fmt.Errorf("read %s[%d]: %w", topic, partition, err)
 	}
 	defer func() { _ = k.c.Unassign() }()
-	next := from
-	for next < high {
+	at := from
+	for at < end {
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("read %s[%d] at %d of %d: %w", topic, partition, next, high, err)
+			return e, fmt.Errorf("read %s[%d] at %d of %d: %w", topic, partition, at, end, err)
 		}
-		ev := k.c.Poll(200)
-		switch m := ev.(type) {
+		switch m := k.c.Poll(200).(type) {
 		case *kafka.Message:
 			if m.TopicPartition.Error != nil {
-				return fmt.Errorf("read %s[%d]: %w", topic, partition, m.TopicPartition.Error)
+				return e, fmt.Errorf("read %s[%d]: %w", topic, partition, m.TopicPartition.Error)
 			}
-			next = int64(m.TopicPartition.Offset) + 1
+			off := int64(m.TopicPartition.Offset)
+			if off >= end {
+				return e, nil // produced after the snapshot
+			}
+			at = off + 1
 			if err := fn(m); err != nil {
-				return err
+				return e, err
+			}
+		case kafka.PartitionEOF:
+			if m.Topic != nil && *m.Topic == topic && m.Partition == partition {
+				at = max(at, int64(m.Offset))
 			}
 		case kafka.Error:
 			if m.IsFatal() {
-				return fmt.Errorf("read %s[%d]: %w", topic, partition, m)
+				return e, fmt.Errorf("read %s[%d]: %w", topic, partition, m)
+			}
+		case nil:
+			// Nothing for a while: the position may have passed offsets
+			// without records (markers, aborted batches).
+			ps, err := k.c.Position([]kafka.TopicPartition{{Topic: &t, Partition: partition}})
+			if err == nil && len(ps) == 1 && ps[0].Offset >= 0 {
+				at = max(at, int64(ps[0].Offset))
 			}
 		}
 	}
-	return nil
+	return e, nil
+}
+
+// hiddenNote tells the user that offsets of a partition are held back by
+// an open transaction.
+func hiddenNote(topic string, partition int32, e partitionEnds) string {
+	return fmt.Sprintf("%s[%d]: offsets %d..%d are behind an open transaction and not readable yet; a later run reads them",
+		topic, partition, e.stable, e.high-1)
 }
 
 // readDeadLetters reads every record of a dead-letter topic as it is now.
-func (k *kafkaTool) readDeadLetters(ctx context.Context, topic string, parts []int32) ([]deadLetter, error) {
-	var out []deadLetter
+// notes say which partitions have offsets not readable yet.
+func (k *kafkaTool) readDeadLetters(ctx context.Context, topic string, parts []int32) (letters []deadLetter, notes []string, err error) {
 	for _, p := range parts {
-		err := k.readPartition(ctx, topic, p, 0, func(m *kafka.Message) error {
-			out = append(out, parseDeadLetter(m))
+		e, err := k.readPartition(ctx, topic, p, 0, func(m *kafka.Message) error {
+			letters = append(letters, parseDeadLetter(m))
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		if e.hidden() {
+			notes = append(notes, hiddenNote(topic, p, e))
 		}
 	}
-	return out, nil
+	return letters, notes, nil
 }
 
 // dlqSource returns the dead-letter topics to read (--topic, which must
@@ -226,11 +308,14 @@ func dlqLsCmd(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(e.stdout, "%s: no such topic (no dead letters yet)\n", t)
 			continue
 		}
-		letters, err := k.readDeadLetters(ctx, t, parts)
+		letters, notes, err := k.readDeadLetters(ctx, t, parts)
 		if err != nil {
 			return err
 		}
 		writeDLQSummary(e.stdout, t, letters)
+		for _, n := range notes {
+			fmt.Fprintln(e.stdout, n)
+		}
 	}
 	return nil
 }
@@ -310,6 +395,7 @@ func reasonClass(reason string) string { return batchPrefix.ReplaceAllString(one
 type replayOptions struct {
 	config     string
 	topic      string
+	toTopic    string // "": each dead letter's source topic
 	reason     *regexp.Regexp
 	since      time.Time // zero: no bound
 	until      time.Time // zero: no bound
@@ -322,6 +408,7 @@ func parseReplayArgs(e *env, args []string) (replayOptions, error) {
 	fs := flags(e, "dlq replay")
 	fs.StringVar(&o.config, "config", "", "YAML configuration file (environment variables RATCHET_* win)")
 	fs.StringVar(&o.topic, "topic", "", "dead-letter topic (default: every input topic's, from kafka.dlq_topic)")
+	fs.StringVar(&o.toTopic, "to-topic", "", "produce the replays to this `TOPIC` (same partition number, modulo its partitions) instead of each dead letter's source topic")
 	reason := fs.String("reason", "", "only dead letters whose ratchet.error matches this `REGEX`")
 	since := fs.String("since", "", "only dead letters with ratchet.failed_at at or after this `RFC3339` time")
 	until := fs.String("until", "", "only dead letters with ratchet.failed_at before this `RFC3339` time")
@@ -334,6 +421,9 @@ func parseReplayArgs(e *env, args []string) (replayOptions, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if set["topic"] && strings.TrimSpace(o.topic) == "" {
 		return o, usagef("dlq replay: --topic must not be empty")
+	}
+	if set["to-topic"] && strings.TrimSpace(o.toTopic) == "" {
+		return o, usagef("dlq replay: --to-topic must not be empty")
 	}
 	if set["reason"] {
 		re, err := regexp.Compile(*reason)
@@ -384,12 +474,17 @@ func (o replayOptions) selects(d *deadLetter) bool {
 	return true
 }
 
-// replayCounts is what a replay run did.
+// replayCounts is what a replay run did (or, dry, would do).
 type replayCounts struct {
 	replayed, already, filtered, unreadable int
 	// duplicates are dead letters of a source record that another dead
 	// letter was (or is being) replayed for.
 	duplicates int
+	// Pending rows of an interrupted run: found delivered (recorded done,
+	// and counted in already), not delivered (replayed again, counted in
+	// replayed), and unresolved (left pending: their search could not
+	// reach the end of the partition, or their dead letter is gone).
+	found, lost, unresolved int
 }
 
 func dlqReplayCmd(ctx context.Context, e *env, args []string) error {
@@ -408,6 +503,9 @@ func dlqReplayCmd(ctx context.Context, e *env, args []string) error {
 // errInterrupted ends a replay run that a test stopped half-way.
 var errInterrupted = errors.New("replay interrupted")
 
+// errUnresolved ends a run that left pending replays it could not resolve.
+var errUnresolved = errors.New("some pending replays could not be resolved; run again later")
+
 // replay runs `ratchet dlq replay`. interrupt, when set, is asked after
 // each delivery report and before it is recorded; true ends the run there,
 // as a kill at the worst moment would (tests).
@@ -423,6 +521,11 @@ func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions
 	topics, all, err := dlqSource(cfg, k, o.topic)
 	if err != nil {
 		return n, err
+	}
+	if o.toTopic != "" {
+		if _, ok := all[o.toTopic]; !ok {
+			return n, usagef("dlq replay: --to-topic %q does not exist in Kafka", o.toTopic)
+		}
 	}
 	pool, err := store.Open(ctx, cfg.Postgres.URL.Reveal(), 2)
 	if err != nil {
@@ -445,18 +548,22 @@ func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions
 		}
 		defer p.Close()
 	}
+	r := &replayer{w: w, k: k, p: p, pool: pool, all: all, o: o, group: cfg.Kafka.GroupID, n: &n, interrupt: interrupt}
 	for _, t := range topics {
 		parts, ok := all[t]
 		if !ok {
 			fmt.Fprintf(w, "%s: no such topic (no dead letters yet)\n", t)
 			continue
 		}
-		if err := replayTopic(ctx, w, k, p, pool, all, t, parts, o, &n, interrupt); err != nil {
+		if err := r.topic(ctx, t, parts); err != nil {
 			writeReplayCounts(w, o, n)
 			return n, err
 		}
 	}
 	writeReplayCounts(w, o, n)
+	if n.unresolved > 0 {
+		return n, errUnresolved
+	}
 	return n, nil
 }
 
@@ -471,6 +578,10 @@ func writeReplayCounts(w io.Writer, o replayOptions, n replayCounts) {
 	}
 	if n.unreadable > 0 {
 		fmt.Fprintf(w, ", unreadable %d", n.unreadable)
+	}
+	if n.found+n.lost+n.unresolved > 0 {
+		fmt.Fprintf(w, "; pending from an interrupted run: %d delivered, %d not delivered (replayed again), %d left pending",
+			n.found, n.lost, n.unresolved)
 	}
 	fmt.Fprintln(w)
 	if !o.execute {
@@ -495,96 +606,267 @@ type replayKey struct {
 	offset    int64
 }
 
-func replayTopic(ctx context.Context, w io.Writer, k *kafkaTool, p *kafka.Producer, pool *pgxpool.Pool, all map[string][]int32,
-	dlqTopic string, parts []int32, o replayOptions, n *replayCounts, interrupt func() bool) error {
-	if o.execute {
-		unlock, err := store.LockReplays(ctx, pool, dlqTopic)
+// replayer is one `dlq replay` run.
+type replayer struct {
+	w         io.Writer
+	k         *kafkaTool
+	p         *kafka.Producer // nil in a dry run
+	pool      *pgxpool.Pool
+	all       map[string][]int32
+	o         replayOptions
+	group     string
+	n         *replayCounts
+	interrupt func() bool
+}
+
+// replayPlan is what a run does to one dead-letter topic; a dry run
+// prints it, --execute carries it out. Both make it the same way, so a
+// dry run reports what --execute would do.
+type replayPlan struct {
+	found []store.Replay // pending rows whose record is in Kafka: record them done
+	dups  []store.Replay // dead letters to record as duplicates
+	todo  []*deadLetter  // to produce (new, or pending and not delivered)
+}
+
+// target is the topic and partition d is replayed to.
+func (r *replayer) target(d *deadLetter) (string, int32) {
+	if r.o.toTopic == "" {
+		return d.Topic, d.Partition
+	}
+	ps := r.all[r.o.toTopic]
+	if slices.Contains(ps, d.Partition) {
+		return r.o.toTopic, d.Partition
+	}
+	return r.o.toTopic, ps[int(d.Partition)%len(ps)]
+}
+
+func (r *replayer) row(d *deadLetter) store.Replay {
+	t, p := r.target(d)
+	return store.Replay{DLQTopic: d.DLQTopic, DLQPartition: d.DLQPartition, DLQOffset: d.DLQOffset,
+		Topic: d.Topic, Partition: d.Partition, SourceOffset: d.Offset, ToTopic: t, ToPartition: p, Group: r.group}
+}
+
+// leaseOwner names this run in ratchet_replay_leases.
+func leaseOwner() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s/%d/%x", host, os.Getpid(), b)
+}
+
+func (r *replayer) topic(ctx context.Context, dlqTopic string, parts []int32) error {
+	if r.o.execute {
+		lease, err := store.LockReplays(ctx, r.pool, dlqTopic, leaseOwner())
 		if err != nil {
 			return err
 		}
-		defer unlock()
+		defer func() { _ = lease.Release(ctx) }()
+		// A run that lost its lease (stalled past its expiry while another
+		// took it) stops producing at once.
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		watched := make(chan struct{})
+		defer func() { cancel(nil); <-watched }()
+		go func() { // ends with the lease lost, or with this topic's run
+			defer close(watched)
+			select {
+			case <-lease.Lost():
+				cancel(fmt.Errorf("%s: the replay lease expired and was taken by another run", dlqTopic))
+			case <-ctx.Done():
+			}
+		}()
 	}
-	letters, err := k.readDeadLetters(ctx, dlqTopic, parts)
+	plan, err := r.plan(ctx, dlqTopic, parts)
 	if err != nil {
 		return err
 	}
-	rows, err := store.Replays(ctx, pool, dlqTopic)
-	var pgErr *pgconn.PgError
-	if err != nil && !o.execute && errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		err = nil // a dry run against a schema without ratchet_replays: nothing replayed yet
-	}
-	if err != nil {
-		return err
-	}
-	done := map[replayKey]bool{}
-	// The DLQ is at-least-once (and a reset that replays a poison record
-	// dead-letters it again): several dead letters can stand for the same
-	// source record. Each source record is replayed at most once.
-	sources := map[sourceKey]bool{}
-	var pending []store.Replay
-	for _, r := range rows {
-		if r.State == store.ReplayDone {
-			done[replayKey{r.DLQPartition, r.DLQOffset}] = true
-			sources[sourceKey{r.Topic, r.Partition, r.SourceOffset}] = true
-		} else {
-			pending = append(pending, r)
-		}
-	}
-	if o.execute && len(pending) > 0 {
-		found, err := resolvePending(ctx, k, pool, dlqTopic, pending)
-		if err != nil {
-			return err
-		}
-		for _, r := range found {
-			done[replayKey{r.DLQPartition, r.DLQOffset}] = true
-			sources[sourceKey{r.Topic, r.Partition, r.SourceOffset}] = true
-			fmt.Fprintf(w, "found %s/%d/%d already replayed to %s[%d] at %d by an interrupted run\n",
-				r.DLQTopic, r.DLQPartition, r.DLQOffset, r.Topic, r.Partition, r.ReplayedOffset)
-		}
-	}
-	var todo []*deadLetter
-	for i := range letters {
-		d := &letters[i]
-		switch {
-		case d.Unreadable != "":
-			n.unreadable++
-		case !o.selects(d):
-			n.filtered++
-		case done[replayKey{d.DLQPartition, d.DLQOffset}]:
-			n.already++
-		case sources[sourceKey{d.Topic, d.Partition, d.Offset}]:
-			n.duplicates++
-		case !slices.Contains(all[d.Topic], d.Partition):
-			n.unreadable++
-			fmt.Fprintf(w, "cannot replay %s: source %s[%d] does not exist\n", d.where(), d.Topic, d.Partition)
-		default:
-			sources[sourceKey{d.Topic, d.Partition, d.Offset}] = true
-			todo = append(todo, d)
-		}
-	}
-	if !o.execute {
-		for _, d := range todo {
-			fmt.Fprintf(w, "would replay %s to %s[%d] (offset %d, failed %s): %s\n", d.where(), d.Topic, d.Partition,
+	if !r.o.execute {
+		for _, d := range plan.todo {
+			t, p := r.target(d)
+			fmt.Fprintf(r.w, "would replay %s to %s[%d] (offset %d, failed %s): %s\n", d.where(), t, p,
 				d.Offset, d.FailedAt.Format(time.RFC3339), oneLine(d.Reason))
 		}
-		n.replayed += len(todo)
+		r.n.replayed += len(plan.todo)
 		return nil
 	}
+	for _, f := range plan.found {
+		if err := store.MarkReplayDone(ctx, r.pool, f.DLQTopic, f.DLQPartition, f.DLQOffset, f.ReplayedOffset); err != nil {
+			return err
+		}
+	}
+	if err := store.MarkReplayDuplicates(ctx, r.pool, plan.dups); err != nil {
+		return err
+	}
+	todo := plan.todo
 	for len(todo) > 0 {
 		c := todo[:min(replayChunk, len(todo))]
 		todo = todo[len(c):]
-		if err := replayLetters(ctx, w, k, p, pool, c, n, interrupt); err != nil {
+		if err := r.letters(ctx, c); err != nil {
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+				return fmt.Errorf("%w (%w)", err, cause)
+			}
 			return err
 		}
 	}
 	return nil
 }
 
-// replayLetters replays letters: records them as pending with where a search
-// for them would start, produces them to their source partitions, and
-// records each as done after its delivery report.
-func replayLetters(ctx context.Context, w io.Writer, k *kafkaTool, p *kafka.Producer, pool *pgxpool.Pool, letters []*deadLetter,
-	n *replayCounts, interrupt func() bool) error {
+// plan reads the dead letters of dlqTopic and its ratchet_replays rows and
+// decides what to do with each dead letter. Idempotency is keyed by the
+// dead letter itself (its partition and offset in dlqTopic): a dead letter
+// with a row is never produced again, except a pending one whose record is
+// not in Kafka; a dead letter without one is produced, except when another
+// dead letter of the same source record is replayed in this run (the DLQ is
+// at-least-once: it is recorded as a duplicate) or was replayed, by a run
+// before duplicates were recorded, after it failed. A genuinely new dead
+// letter of a record replayed before (the record failed again after an
+// `offsets reset`) is therefore replayed.
+func (r *replayer) plan(ctx context.Context, dlqTopic string, parts []int32) (replayPlan, error) {
+	var plan replayPlan
+	letters, notes, err := r.k.readDeadLetters(ctx, dlqTopic, parts)
+	if err != nil {
+		return plan, err
+	}
+	for _, note := range notes {
+		fmt.Fprintln(r.w, note)
+	}
+	rows, err := store.Replays(ctx, r.pool, dlqTopic)
+	var pgErr *pgconn.PgError
+	if err != nil && !r.o.execute && errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703") {
+		// A dry run against a schema without ratchet_replays (or before
+		// migration 005): nothing replayed yet, or only legacy rows,
+		// which --execute migrates first.
+		rows, err = legacyReplays(ctx, r.pool, dlqTopic)
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+			rows, err = nil, nil
+		}
+	}
+	if err != nil {
+		return plan, err
+	}
+	byKey := map[replayKey]*store.Replay{}
+	var pending []store.Replay
+	for i := range rows {
+		byKey[replayKey{rows[i].DLQPartition, rows[i].DLQOffset}] = &rows[i]
+		if rows[i].State == store.ReplayPending {
+			pending = append(pending, rows[i])
+		}
+	}
+	found, searched, err := r.searchPending(ctx, pending)
+	if err != nil {
+		return plan, err
+	}
+	for _, f := range found {
+		fmt.Fprintf(r.w, "found %s/%d/%d already replayed to %s[%d] at %d by an interrupted run\n",
+			f.DLQTopic, f.DLQPartition, f.DLQOffset, f.ToTopic, f.ToPartition, f.ReplayedOffset)
+	}
+	plan.found = found
+	isFound := map[replayKey]bool{}
+	for _, f := range found {
+		isFound[replayKey{f.DLQPartition, f.DLQOffset}] = true
+	}
+	// Legacy done rows: their run skipped the duplicates it saw without
+	// recording them; a dead letter of the same record that failed before
+	// the row was done was one of them.
+	legacy := map[sourceKey]time.Time{}
+	for _, x := range rows {
+		if x.Legacy && x.State == store.ReplayDone {
+			k := sourceKey{x.Topic, x.Partition, x.SourceOffset}
+			if x.UpdatedAt.After(legacy[k]) {
+				legacy[k] = x.UpdatedAt
+			}
+		}
+	}
+	present := map[replayKey]bool{}
+	sources := map[sourceKey]bool{}
+	var fresh []*deadLetter
+	// First the dead letters with a row, so that a pending replay (which
+	// may be in Kafka) claims its source record before any new dead letter.
+	for i := range letters {
+		d := &letters[i]
+		key := replayKey{d.DLQPartition, d.DLQOffset}
+		present[key] = true
+		row := byKey[key]
+		switch {
+		case d.Unreadable != "":
+			r.n.unreadable++
+		case row == nil:
+			fresh = append(fresh, d)
+		case row.State == store.ReplayDone:
+			r.n.already++
+		case row.State == store.ReplayDuplicate:
+			r.n.duplicates++
+		case isFound[key]:
+			r.n.already++
+			r.n.found++
+			sources[sourceKey{d.Topic, d.Partition, d.Offset}] = true
+		case !searched[key]:
+			r.n.unresolved++
+			sources[sourceKey{d.Topic, d.Partition, d.Offset}] = true
+			fmt.Fprintf(r.w, "left %s pending: its replay may be in %s[%d] past offsets not readable yet\n",
+				d.where(), row.ToTopic, row.ToPartition)
+		default: // pending, searched for and not in Kafka: never delivered
+			r.n.lost++
+			sources[sourceKey{d.Topic, d.Partition, d.Offset}] = true
+			plan.todo = append(plan.todo, d)
+		}
+	}
+	for _, x := range pending {
+		key := replayKey{x.DLQPartition, x.DLQOffset}
+		if !present[key] && !isFound[key] {
+			r.n.unresolved++
+			fmt.Fprintf(r.w, "left %s/%d/%d pending: not found in %s[%d], and the dead letter is no longer in %s\n",
+				x.DLQTopic, x.DLQPartition, x.DLQOffset, x.ToTopic, x.ToPartition, dlqTopic)
+		}
+	}
+	for _, d := range fresh {
+		src := sourceKey{d.Topic, d.Partition, d.Offset}
+		at, replayedBefore := legacy[src]
+		switch {
+		case !r.o.selects(d):
+			r.n.filtered++
+		case sources[src] || (replayedBefore && !d.FailedAt.After(at)):
+			r.n.duplicates++
+			plan.dups = append(plan.dups, r.row(d))
+		case !slices.Contains(r.all[d.Topic], d.Partition):
+			r.n.unreadable++
+			fmt.Fprintf(r.w, "cannot replay %s: source %s[%d] does not exist\n", d.where(), d.Topic, d.Partition)
+		default:
+			sources[src] = true
+			plan.todo = append(plan.todo, d)
+		}
+	}
+	slices.SortFunc(plan.todo, func(a, b *deadLetter) int {
+		if a.DLQPartition != b.DLQPartition {
+			return int(a.DLQPartition - b.DLQPartition)
+		}
+		return int(a.DLQOffset - b.DLQOffset)
+	})
+	return plan, nil
+}
+
+// legacyReplays reads ratchet_replays as it was before migration 005 (a
+// dry run does not migrate): every row is legacy.
+func legacyReplays(ctx context.Context, pool *pgxpool.Pool, dlqTopic string) ([]store.Replay, error) {
+	rows, err := pool.Query(ctx, `
+SELECT dlq_partition, dlq_offset, topic, partition, source_offset, state, search_from, coalesce(replayed_offset, -1), updated_at
+FROM ratchet_replays WHERE dlq_topic = $1`, dlqTopic)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.Replay, error) {
+		x := store.Replay{DLQTopic: dlqTopic, Legacy: true}
+		err := row.Scan(&x.DLQPartition, &x.DLQOffset, &x.Topic, &x.Partition, &x.SourceOffset, &x.State, &x.SearchFrom,
+			&x.ReplayedOffset, &x.UpdatedAt)
+		x.ToTopic, x.ToPartition = x.Topic, x.Partition
+		return x, err
+	})
+}
+
+// letters replays letters: records them as pending with where a search
+// for them would start, produces them, and records each as done after its
+// delivery report.
+func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 	type tp struct {
 		topic string
 		part  int32
@@ -592,32 +874,35 @@ func replayLetters(ctx context.Context, w io.Writer, k *kafkaTool, p *kafka.Prod
 	ends := map[tp]int64{}
 	rs := make([]store.Replay, len(letters))
 	for i, d := range letters {
-		key := tp{d.Topic, d.Partition}
+		rs[i] = r.row(d)
+		key := tp{rs[i].ToTopic, rs[i].ToPartition}
 		end, ok := ends[key]
 		if !ok {
-			_, high, err := k.c.QueryWatermarkOffsets(d.Topic, d.Partition, kafkaTimeoutMs)
+			// The high watermark, not the last stable offset: the record
+			// lands at or after it.
+			e, err := r.k.ends(ctx, key.topic, key.part)
 			if err != nil {
-				return fmt.Errorf("watermarks of %s[%d]: %w", d.Topic, d.Partition, err)
+				return err
 			}
-			end, ends[key] = high, high
+			end, ends[key] = e.high, e.high
 		}
-		rs[i] = store.Replay{DLQTopic: d.DLQTopic, DLQPartition: d.DLQPartition, DLQOffset: d.DLQOffset,
-			Topic: d.Topic, Partition: d.Partition, SourceOffset: d.Offset, SearchFrom: end}
+		rs[i].SearchFrom = end
 	}
-	if err := store.MarkReplaysPending(ctx, pool, rs); err != nil {
+	if err := store.MarkReplaysPending(ctx, r.pool, rs, nil); err != nil {
 		return err
 	}
 	deliveries := make(chan kafka.Event, len(letters))
-	for _, d := range letters {
-		t := d.Topic
-		headers := append(slices.Clip(d.Headers), kafka.Header{Key: HeaderReplayedFrom, Value: []byte(d.where())})
-		m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: d.Partition},
+	for i, d := range letters {
+		t := rs[i].ToTopic
+		headers := append(slices.Clip(d.Headers), kafka.Header{Key: HeaderReplayedFrom, Value: []byte(d.where())},
+			kafka.Header{Key: actors.HeaderReplayGroup, Value: []byte(r.group)})
+		m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: rs[i].ToPartition},
 			Key: d.Key, Value: d.Value, Headers: headers, Timestamp: d.Timestamp, Opaque: d}
 		for {
-			err := p.Produce(m, deliveries)
+			err := r.p.Produce(m, deliveries)
 			var ke kafka.Error
 			if errors.As(err, &ke) && ke.Code() == kafka.ErrQueueFull {
-				p.Flush(100)
+				r.p.Flush(100)
 				continue
 			}
 			if err != nil {
@@ -643,25 +928,34 @@ func replayLetters(ctx context.Context, w io.Writer, k *kafkaTool, p *kafka.Prod
 			errs = append(errs, fmt.Errorf("replay %s: %w", d.where(), m.TopicPartition.Error))
 			continue
 		}
-		if interrupt != nil && interrupt() {
+		if r.interrupt != nil && r.interrupt() {
 			return errInterrupted
 		}
 		off := int64(m.TopicPartition.Offset)
-		if err := store.MarkReplayDone(ctx, pool, d.DLQTopic, d.DLQPartition, d.DLQOffset, off); err != nil {
+		if err := store.MarkReplayDone(ctx, r.pool, d.DLQTopic, d.DLQPartition, d.DLQOffset, off); err != nil {
 			return err
 		}
-		n.replayed++
-		fmt.Fprintf(w, "replayed %s to %s[%d] at %d (original offset %d)\n", d.where(), d.Topic, d.Partition, off, d.Offset)
+		r.n.replayed++
+		fmt.Fprintf(r.w, "replayed %s to %s[%d] at %d (original offset %d)\n", d.where(), *m.TopicPartition.Topic,
+			m.TopicPartition.Partition, off, d.Offset)
 	}
 	return errors.Join(errs...)
 }
 
-// resolvePending looks for the records of an interrupted run: for each
-// pending replay it searches its source partition from the row's
-// SearchFrom for a record whose ratchet.replayed_from names the dead
-// letter, and records the ones found as done. The others were never
-// delivered and are replayed again.
-func resolvePending(ctx context.Context, k *kafkaTool, pool *pgxpool.Pool, dlqTopic string, pending []store.Replay) ([]store.Replay, error) {
+// searchPending looks for the records of an interrupted run: for each
+// pending replay it reads the partition it was produced to, from the row's
+// SearchFrom, for a record whose ratchet.replayed_from names the dead
+// letter. found are the rows whose record is there (ReplayedOffset set);
+// searched are the rows whose whole range was read: not found there, the
+// record was never delivered. A row whose range could not be read to the
+// end (an open transaction holds back offsets, or the partition's start
+// moved past SearchFrom) is in neither: it stays pending, since "not
+// read" is not "not there". Nothing is written.
+func (r *replayer) searchPending(ctx context.Context, pending []store.Replay) (found []store.Replay, searched map[replayKey]bool, err error) {
+	searched = map[replayKey]bool{}
+	if len(pending) == 0 {
+		return nil, searched, nil
+	}
 	type tp struct {
 		topic string
 		part  int32
@@ -669,36 +963,43 @@ func resolvePending(ctx context.Context, k *kafkaTool, pool *pgxpool.Pool, dlqTo
 	from := map[tp]int64{}
 	want := map[string]*store.Replay{}
 	for i := range pending {
-		r := &pending[i]
-		key := tp{r.Topic, r.Partition}
-		if f, ok := from[key]; !ok || r.SearchFrom < f {
-			from[key] = r.SearchFrom
+		x := &pending[i]
+		key := tp{x.ToTopic, x.ToPartition}
+		if f, ok := from[key]; !ok || x.SearchFrom < f {
+			from[key] = x.SearchFrom
 		}
-		want[fmt.Sprintf("%s/%d/%d", r.DLQTopic, r.DLQPartition, r.DLQOffset)] = r
+		want[fmt.Sprintf("%s/%d/%d", x.DLQTopic, x.DLQPartition, x.DLQOffset)] = x
 	}
-	var found []store.Replay
 	for key, f := range from {
-		err := k.readPartition(ctx, key.topic, key.part, f, func(m *kafka.Message) error {
+		e, err := r.k.readPartition(ctx, key.topic, key.part, f, func(m *kafka.Message) error {
 			for _, h := range m.Headers {
 				if h.Key != HeaderReplayedFrom {
 					continue
 				}
-				r, ok := want[string(h.Value)]
-				if !ok || r.Topic != key.topic || r.Partition != key.part {
+				x, ok := want[string(h.Value)]
+				if !ok || x.ToTopic != key.topic || x.ToPartition != key.part {
 					continue
 				}
 				delete(want, string(h.Value))
-				r.ReplayedOffset = int64(m.TopicPartition.Offset)
-				if err := store.MarkReplayDone(ctx, pool, dlqTopic, r.DLQPartition, r.DLQOffset, r.ReplayedOffset); err != nil {
-					return err
-				}
-				found = append(found, *r)
+				x.ReplayedOffset = int64(m.TopicPartition.Offset)
+				found = append(found, *x)
 			}
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		if e.hidden() {
+			fmt.Fprintln(r.w, hiddenNote(key.topic, key.part, e))
+		}
+		for _, x := range want {
+			if x.ToTopic == key.topic && x.ToPartition == key.part && !e.hidden() && e.low <= x.SearchFrom {
+				searched[replayKey{x.DLQPartition, x.DLQOffset}] = true
+			}
 		}
 	}
-	return found, nil
+	for _, f := range found {
+		searched[replayKey{f.DLQPartition, f.DLQOffset}] = true
+	}
+	return found, searched, nil
 }

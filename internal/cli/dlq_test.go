@@ -37,7 +37,7 @@ func readAll(tb testing.TB, o *opsEnv, topic string) []*kafka.Message {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, p := range all[topic] {
-		if err := k.readPartition(ctx, topic, p, 0, func(m *kafka.Message) error {
+		if _, err := k.readPartition(ctx, topic, p, 0, func(m *kafka.Message) error {
 			out = append(out, m)
 			return nil
 		}); err != nil {
@@ -221,7 +221,10 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 		if len(ms) != 1 {
 			t.Errorf("%s replayed %d times", from, len(ms))
 		}
-		if v, _ := header(m, "trace"); v != "t-1" || len(m.Headers) != 3 || m.Headers[2].Key != HeaderReplayedFrom {
+		if v, _ := header(m, "trace"); v != "t-1" || len(m.Headers) != 4 || m.Headers[2].Key != HeaderReplayedFrom {
+			t.Errorf("replayed record headers %v", m.Headers)
+		}
+		if g, _ := header(m, actors.HeaderReplayGroup); g != cfg.Kafka.GroupID {
 			t.Errorf("replayed record headers %v", m.Headers)
 		}
 		if !m.Timestamp.Equal(ts) {
@@ -337,12 +340,14 @@ func TestReplayInterruptedAndRerunReplaysEachOnce(t *testing.T) {
 
 	// Two runs at once would both produce what neither has recorded: the
 	// second refuses while the first holds the topic's lock.
-	unlock, err := store.LockReplays(context.Background(), o.pool, dlq)
+	lease, err := store.LockReplays(context.Background(), o.pool, dlq, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	code, out, errOut := o.run(t, "dlq", "replay", "--execute")
-	unlock()
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if code != ExitError || !strings.Contains(errOut, "another replay") {
 		t.Errorf("a concurrent run: exit %d\nstdout: %s\nstderr: %s", code, out, errOut)
 	}

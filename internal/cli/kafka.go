@@ -31,6 +31,8 @@ func openKafka(cfg config.Config, group string) (*kafkaTool, error) {
 	_ = m.SetKey("go.logs.channel.enable", false)
 	_ = m.SetKey("log_level", 3)
 	_ = m.SetKey("enable.auto.commit", false)
+	// readPartition ends at the position a partition EOF reports.
+	_ = m.SetKey("enable.partition.eof", true)
 	c, err := kafka.NewConsumer(m)
 	if err != nil {
 		return nil, fmt.Errorf("new kafka consumer: %w", err)

@@ -56,6 +56,9 @@ type Metrics struct {
 	RegistryLookups   *prometheus.CounterVec // result
 	RegistryCacheHits prometheus.Counter
 	RegistryErrors    *prometheus.CounterVec // reason
+	// ReplaysSkipped counts records re-produced by `ratchet dlq replay`
+	// for another consumer group (header ratchet.replay_group), skipped.
+	ReplaysSkipped *prometheus.CounterVec // topic
 }
 
 // New registers the series on reg.
@@ -141,6 +144,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Applied records whose offsets were left uncommitted in Kafka at a stop or revoke deadline."},
 			[]string{"topic"}),
 	}
+	m.ReplaysSkipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratchet_replays_skipped_total",
+		Help: "Records replayed from a dead-letter topic for another consumer group (ratchet.replay_group), skipped: not applied, offset passed."},
+		[]string{"topic"})
+	reg.MustRegister(m.ReplaysSkipped)
 	reg.MustRegister(m.DecodedRecords, m.RegistryLookups, m.RegistryCacheHits, m.RegistryErrors)
 	reg.MustRegister(m.Unclaimed, m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
 		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,33 +14,51 @@ import (
 // Replay states in ratchet_replays.
 const (
 	// ReplayPending: the record is about to be produced, or was produced by
-	// a run that stopped before its delivery report was recorded.
+	// a run that stopped before its delivery report was recorded. A later
+	// run resolves it: it searches the partition the record was produced
+	// to, from SearchFrom up to its end, for the record naming the dead
+	// letter (header ratchet.replayed_from); found, the row is done;
+	// searched to the end and not found, it was never delivered and is
+	// produced again. A search that cannot reach the end (an open
+	// transaction hides offsets) leaves the row pending.
 	ReplayPending = "pending"
 	// ReplayDone: the broker acknowledged the replayed record.
 	ReplayDone = "done"
+	// ReplayDuplicate: another dead letter of the same source record was
+	// replayed instead (the DLQ is at-least-once); never replayed.
+	ReplayDuplicate = "duplicate"
 )
 
 // Replay is one row of ratchet_replays: a dead letter, by its place in the
-// dead-letter topic, and its replay into the source topic.
+// dead-letter topic, and its replay.
 type Replay struct {
 	DLQTopic     string
 	DLQPartition int32
 	DLQOffset    int64
-	Topic        string
-	Partition    int32
-	SourceOffset int64 // the dead letter's original offset
+	Topic        string // the dead letter's source topic
+	Partition    int32  // and partition, where the replay went unless ToTopic differs
+	SourceOffset int64  // the dead letter's original offset
+	ToTopic      string // the topic the replay was produced to (Topic unless --to-topic)
+	ToPartition  int32  // and its partition
+	Group        string // the group it is for (ratchet.replay_group); "" unknown
 	State        string
-	// SearchFrom is the source partition's end offset before the record was
-	// produced: a replayed record is at or after it.
+	// SearchFrom is the end offset of the partition the record was
+	// produced to, before it was produced: the replayed record is at or
+	// after it.
 	SearchFrom int64
 	// ReplayedOffset is where the replayed record landed (-1 until done).
 	ReplayedOffset int64
+	// Legacy rows were written before duplicates were recorded (migration
+	// 005); UpdatedAt is when the row last changed.
+	Legacy    bool
+	UpdatedAt time.Time
 }
 
 // Replays returns the ratchet_replays rows of dlqTopic.
 func Replays(ctx context.Context, pool *pgxpool.Pool, dlqTopic string) ([]Replay, error) {
 	rows, err := pool.Query(ctx, `
-SELECT dlq_topic, dlq_partition, dlq_offset, topic, partition, source_offset, state, search_from, coalesce(replayed_offset, -1)
+SELECT dlq_topic, dlq_partition, dlq_offset, topic, partition, source_offset, to_topic, to_partition, coalesce(replay_group, ''),
+       state, search_from, coalesce(replayed_offset, -1), legacy, updated_at
 FROM ratchet_replays WHERE dlq_topic = $1 ORDER BY dlq_partition, dlq_offset`, dlqTopic)
 	if err != nil {
 		return nil, fmt.Errorf("read replays of %s: %w", dlqTopic, err)
@@ -47,7 +66,7 @@ FROM ratchet_replays WHERE dlq_topic = $1 ORDER BY dlq_partition, dlq_offset`, d
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Replay, error) {
 		var x Replay
 		err := r.Scan(&x.DLQTopic, &x.DLQPartition, &x.DLQOffset, &x.Topic, &x.Partition, &x.SourceOffset,
-			&x.State, &x.SearchFrom, &x.ReplayedOffset)
+			&x.ToTopic, &x.ToPartition, &x.Group, &x.State, &x.SearchFrom, &x.ReplayedOffset, &x.Legacy, &x.UpdatedAt)
 		return x, err
 	})
 	if err != nil {
@@ -56,33 +75,65 @@ FROM ratchet_replays WHERE dlq_topic = $1 ORDER BY dlq_partition, dlq_offset`, d
 	return out, nil
 }
 
-// MarkReplaysPending records that rs are about to be produced. A row that is
-// already done is left as it is; a pending one gets the new SearchFrom.
-func MarkReplaysPending(ctx context.Context, pool *pgxpool.Pool, rs []Replay) error {
-	if len(rs) == 0 {
+// MarkReplaysPending records that rs are about to be produced, and dups
+// as duplicates of them. A row that is already done or a duplicate is
+// left as it is; a pending one gets the new SearchFrom, target and group.
+// All in one transaction: a run killed half-way leaves all or none.
+func MarkReplaysPending(ctx context.Context, pool *pgxpool.Pool, rs, dups []Replay) error {
+	if len(rs)+len(dups) == 0 {
 		return nil
 	}
 	b := &pgx.Batch{}
 	for _, r := range rs {
 		b.Queue(`
-INSERT INTO ratchet_replays AS r (dlq_topic, dlq_partition, dlq_offset, topic, partition, source_offset, state, search_from, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, now())
+INSERT INTO ratchet_replays AS r (dlq_topic, dlq_partition, dlq_offset, topic, partition, source_offset, to_topic, to_partition,
+                                  replay_group, state, search_from, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, ''), 'pending', $10, now())
 ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO UPDATE
-SET search_from = least(r.search_from, EXCLUDED.search_from), updated_at = now() WHERE r.state = 'pending'`,
-			r.DLQTopic, r.DLQPartition, r.DLQOffset, r.Topic, r.Partition, r.SourceOffset, r.SearchFrom)
+SET search_from = EXCLUDED.search_from, to_topic = EXCLUDED.to_topic, to_partition = EXCLUDED.to_partition,
+    replay_group = EXCLUDED.replay_group, updated_at = now()
+WHERE r.state = 'pending'`,
+			r.DLQTopic, r.DLQPartition, r.DLQOffset, r.Topic, r.Partition, r.SourceOffset, r.ToTopic, r.ToPartition, r.Group, r.SearchFrom)
 	}
-	if err := pool.SendBatch(ctx, b).Close(); err != nil {
+	queueDuplicates(b, dups)
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() }); err != nil {
 		return fmt.Errorf("record pending replays: %w", err)
 	}
 	return nil
 }
 
+// MarkReplayDuplicates records dups as dead letters whose source record
+// was replayed from another dead letter.
+func MarkReplayDuplicates(ctx context.Context, pool *pgxpool.Pool, dups []Replay) error {
+	if len(dups) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	queueDuplicates(b, dups)
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() }); err != nil {
+		return fmt.Errorf("record duplicate dead letters: %w", err)
+	}
+	return nil
+}
+
+func queueDuplicates(b *pgx.Batch, dups []Replay) {
+	for _, r := range dups {
+		b.Queue(`
+INSERT INTO ratchet_replays (dlq_topic, dlq_partition, dlq_offset, topic, partition, source_offset, to_topic, to_partition,
+                             replay_group, state, search_from, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, ''), 'duplicate', 0, now())
+ON CONFLICT (dlq_topic, dlq_partition, dlq_offset) DO NOTHING`,
+			r.DLQTopic, r.DLQPartition, r.DLQOffset, r.Topic, r.Partition, r.SourceOffset, r.ToTopic, r.ToPartition, r.Group)
+	}
+}
+
 // MarkReplayDone records that the dead letter at (dlqTopic, partition,
-// offset) was replayed to replayedOffset of its source partition.
+// offset) was replayed to replayedOffset of the partition it was produced
+// to.
 func MarkReplayDone(ctx context.Context, pool *pgxpool.Pool, dlqTopic string, partition int32, offset, replayedOffset int64) error {
 	tag, err := pool.Exec(ctx, `
 UPDATE ratchet_replays SET state = 'done', replayed_offset = $4, updated_at = now()
-WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3`, dlqTopic, partition, offset, replayedOffset)
+WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3 AND state = 'pending'`, dlqTopic, partition, offset, replayedOffset)
 	if err != nil {
 		return fmt.Errorf("record replay of %s/%d/%d: %w", dlqTopic, partition, offset, err)
 	}
@@ -127,39 +178,111 @@ GROUP BY topic, reason ORDER BY max(failed_at) DESC, topic, reason LIMIT $2`, gr
 	return out, nil
 }
 
-// replayLockClass is the first key of the advisory locks LockReplays takes
-// ("rply" in ASCII); the second is the dead-letter topic's hash.
-const replayLockClass int32 = 0x72706c79
-
 // ErrReplayRunning means another `ratchet dlq replay --execute` of the same
-// dead-letter topic holds its lock.
+// dead-letter topic holds its lease.
 var ErrReplayRunning = errors.New("another replay of this dead-letter topic is running")
 
-// LockReplays takes the session advisory lock of dlqTopic's replays on a
-// connection of its own, or returns ErrReplayRunning at once when another
-// run holds it: two runs at once would both produce the dead letters
-// neither has recorded yet. unlock releases the lock and the connection;
-// a run that dies releases both with its session.
-func LockReplays(ctx context.Context, pool *pgxpool.Pool, dlqTopic string) (unlock func(), err error) {
-	conn, err := pool.Acquire(ctx)
+// ReplayLeaseTTL is how long a replay's lease lasts without renewal: a run
+// killed with -9 blocks the next one for at most this long. The holder
+// renews it every third of it.
+var ReplayLeaseTTL = 30 * time.Second
+
+// ReplayLease is a held lease of one dead-letter topic's replays (see
+// LockReplays).
+type ReplayLease struct {
+	pool     *pgxpool.Pool
+	topic    string
+	owner    string
+	stop     context.CancelFunc
+	renewing chan struct{} // closed when the renewal goroutine ended
+	lost     chan struct{} // closed when a renewal found the lease gone
+	once     sync.Once
+}
+
+// LockReplays takes the lease of dlqTopic's replays for owner, or returns
+// ErrReplayRunning at once while another run holds an unexpired one: two
+// runs at once would both produce the dead letters neither has recorded
+// yet. The lease is renewed until Release, or until ctx ends without
+// Release (as a killed run stops renewing): then it expires after
+// ReplayLeaseTTL and the next run takes it.
+//
+// Session-free on purpose: the lease is a row in ratchet_replay_leases,
+// taken, renewed and released by single-statement transactions with the
+// database's clock, so it works through a transaction-mode pooler
+// (PgBouncer, pgcat, RDS Proxy), where consecutive statements may run on
+// different server sessions. A session advisory lock (the previous
+// design) stayed held on whichever server session took it, and was
+// released, if at all, on another one.
+func LockReplays(ctx context.Context, pool *pgxpool.Pool, dlqTopic, owner string) (*ReplayLease, error) {
+	ttl := ReplayLeaseTTL
+	var holder string
+	var until time.Time
+	err := pool.QueryRow(ctx, `
+INSERT INTO ratchet_replay_leases AS l (dlq_topic, owner, expires_at)
+VALUES ($1, $2, now() + $3 * interval '1 millisecond')
+ON CONFLICT (dlq_topic) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+WHERE l.expires_at < now() OR l.owner = EXCLUDED.owner
+RETURNING owner, expires_at`, dlqTopic, owner, ttl.Milliseconds()).Scan(&holder, &until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if err := pool.QueryRow(ctx, `SELECT owner, expires_at FROM ratchet_replay_leases WHERE dlq_topic = $1`,
+			dlqTopic).Scan(&holder, &until); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
+		}
+		return nil, fmt.Errorf("%s: %w (%s, lease until %s)", dlqTopic, ErrReplayRunning, holder, until.UTC().Format(time.RFC3339))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
 	}
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, replayLockClass, dlqTopic).Scan(&ok); err != nil {
-		conn.Release()
-		return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
-	}
-	if !ok {
-		conn.Release()
-		return nil, fmt.Errorf("%s: %w", dlqTopic, ErrReplayRunning)
-	}
-	return func() {
-		// Unlocked before the connection goes back to the pool; if that
-		// fails the connection is closed, which unlocks too.
-		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, replayLockClass, dlqTopic); err != nil {
-			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+	rctx, stop := context.WithCancel(ctx)
+	l := &ReplayLease{pool: pool, topic: dlqTopic, owner: owner, stop: stop,
+		renewing: make(chan struct{}), lost: make(chan struct{})}
+	go l.renew(rctx, ttl)
+	return l, nil
+}
+
+// renew extends the lease every ttl/3 until ctx ends; a renewal that finds
+// the lease taken by another run (this one stalled past ttl) closes lost.
+// A renewal that fails (database unreachable) is tried again at the next
+// tick; the lease may then expire, which the next renewal notices.
+func (l *ReplayLease) renew(ctx context.Context, ttl time.Duration) {
+	defer close(l.renewing)
+	t := time.NewTicker(ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
-		conn.Release()
-	}, nil
+		rctx, cancel := context.WithTimeout(ctx, ttl/3)
+		tag, err := l.pool.Exec(rctx, `
+UPDATE ratchet_replay_leases SET expires_at = now() + $3 * interval '1 millisecond'
+WHERE dlq_topic = $1 AND owner = $2`, l.topic, l.owner, ttl.Milliseconds())
+		cancel()
+		if err == nil && tag.RowsAffected() == 0 {
+			close(l.lost)
+			return
+		}
+	}
+}
+
+// Lost is closed when the lease was found taken by another run: the
+// holder must stop producing.
+func (l *ReplayLease) Lost() <-chan struct{} { return l.lost }
+
+// Release stops renewing and gives the lease up (if it is still this
+// run's). A failed release leaves the lease to expire.
+func (l *ReplayLease) Release(ctx context.Context) error {
+	var err error
+	l.once.Do(func() {
+		l.stop()
+		<-l.renewing
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, e := l.pool.Exec(ctx, `DELETE FROM ratchet_replay_leases WHERE dlq_topic = $1 AND owner = $2`,
+			l.topic, l.owner); e != nil {
+			err = fmt.Errorf("release replay lease of %s: %w", l.topic, e)
+		}
+	})
+	return err
 }
