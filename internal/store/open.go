@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -23,6 +25,11 @@ const redacted = "REDACTED"
 // contains the password: it names the URL with the password replaced by
 // REDACTED, and any password text in the driver's own message is masked too.
 // ctx bounds the ping; the pool outlives it. The caller closes the pool.
+//
+// Unless url sets default_query_exec_mode, queries run in pgx's
+// QueryExecModeCacheDescribe (see DefaultQueryExecMode), which keeps no
+// state on the server session, so ratchet works behind a transaction-mode
+// connection pooler (PgBouncer, pgcat, RDS Proxy) with a plain URL.
 func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
 	secrets := passwords(url)
 	cfg, err := pgxpool.ParseConfig(url)
@@ -39,6 +46,9 @@ func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error
 			cfg.MinConns = maxConns
 		}
 	}
+	if !setsQueryExecMode(url) {
+		cfg.ConnConfig.DefaultQueryExecMode = DefaultQueryExecMode
+	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
 	}
@@ -54,6 +64,39 @@ func Open(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error
 		return nil, fmt.Errorf("connect to postgres %s: %w", RedactURL(url), scrub(err, secrets))
 	}
 	return pool, nil
+}
+
+// DefaultQueryExecMode is how Open's pools run queries when the URL does not
+// name a default_query_exec_mode: QueryExecModeCacheDescribe.
+//
+// It is session-free. pgx's own default, QueryExecModeCacheStatement,
+// creates a named prepared statement on the server session the first time a
+// query runs and executes it by name afterwards. A transaction-mode pooler
+// hands every transaction whichever server session is free, so the name is
+// missing there (26000) or left behind by another client (42P05), and a
+// client killed with -9 leaves its names on the pooled sessions for ever.
+// CacheDescribe caches only the statement's description (parameter and
+// result types) in the client; every execution sends the SQL with Parse,
+// Bind and Execute of the unnamed statement in one message flight, which the
+// pooler forwards to one server session. The types are the server's, as with
+// CacheStatement, so queries bind and decode the same way; the cost is the
+// SQL text sent with each execution (one round trip, as before).
+// QueryExecModeDescribeExec would need two round trips on the same session
+// and QueryExecModeExec infers parameter types from Go values.
+const DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+
+// setsQueryExecMode reports whether the connection string raw names a
+// default_query_exec_mode itself (URL parameter or key=value), which then
+// wins over DefaultQueryExecMode. pgx parses the value into ConnConfig and
+// drops the key, so a parsed config cannot tell "cache_statement" from
+// "not given": ask pgconn, which keeps unknown keys as runtime parameters.
+func setsQueryExecMode(raw string) bool {
+	c, err := pgconn.ParseConfig(raw)
+	if err != nil {
+		return false // pgxpool.ParseConfig parsed raw already; not reached
+	}
+	_, ok := c.RuntimeParams["default_query_exec_mode"]
+	return ok
 }
 
 // kvPassword matches a password in a key=value connection string, quoted or

@@ -1,8 +1,12 @@
 package store_test
 
 import (
+	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"ratchet/internal/store"
 	"ratchet/internal/testenv"
@@ -21,6 +25,83 @@ func TestOpen(t *testing.T) {
 	if err := pool.QueryRow(testCtx(t), "SELECT 1").Scan(&one); err != nil || one != 1 {
 		t.Fatalf("select 1 = %d, %v", one, err)
 	}
+}
+
+// TestOpenQueryExecMode: a plain URL gets the session-free exec mode and
+// leaves no named prepared statement on the server session after queries
+// of every kind ratchet runs (query, exec, batch, copy); a
+// default_query_exec_mode in the URL or key=value string still wins.
+func TestOpenQueryExecMode(t *testing.T) {
+	db := testenv.Postgres(t)
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withMode := func(mode string) string {
+		v := *u
+		q := v.Query()
+		q.Set("default_query_exec_mode", mode)
+		v.RawQuery = q.Encode()
+		return v.String()
+	}
+	kv := "host=" + u.Hostname() + " port=" + u.Port() + " user=" + u.User.Username() +
+		" dbname=" + strings.TrimPrefix(u.Path, "/") + " sslmode=disable default_query_exec_mode=exec"
+	tests := []struct {
+		name       string
+		url        string
+		want       pgx.QueryExecMode
+		statements bool // named prepared statements stay on the session
+	}{
+		{"plain url", db, pgx.QueryExecModeCacheDescribe, false},
+		{"url sets cache_statement", withMode("cache_statement"), pgx.QueryExecModeCacheStatement, true},
+		{"url sets describe_exec", withMode("describe_exec"), pgx.QueryExecModeDescribeExec, false},
+		{"key value sets exec", kv, pgx.QueryExecModeExec, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pool := openPool(t, tt.url, 1)
+			if got := pool.Config().ConnConfig.DefaultQueryExecMode; got != tt.want {
+				t.Fatalf("DefaultQueryExecMode = %v, want %v", got, tt.want)
+			}
+			if n := namedStatementsAfterWork(t, pool); (n > 0) != tt.statements {
+				t.Errorf("%d named prepared statements on the session after the queries, want any: %v", n, tt.statements)
+			}
+		})
+	}
+}
+
+// namedStatementsAfterWork runs a query, an exec, a batch and a copy on one
+// connection of pool and returns how many prepared statements its server
+// session then holds.
+func namedStatementsAfterWork(tb testing.TB, pool *pgxpool.Pool) int {
+	tb.Helper()
+	ctx := testCtx(tb)
+	var n int
+	err := pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+		if _, err := c.Exec(ctx, "CREATE TABLE IF NOT EXISTS mode_probe (id bigint, label text)"); err != nil {
+			return err
+		}
+		var one int64
+		if err := c.QueryRow(ctx, "SELECT $1::bigint", int64(1)).Scan(&one); err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue("INSERT INTO mode_probe VALUES ($1, $2)", int64(1), "a")
+		b.Queue("SELECT count(*) FROM mode_probe WHERE label = $1", "a")
+		if err := c.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		if _, err := c.CopyFrom(ctx, pgx.Identifier{"mode_probe"}, []string{"id", "label"},
+			pgx.CopyFromRows([][]any{{int64(2), "b"}})); err != nil {
+			return err
+		}
+		// The simple protocol, so this count does not prepare one itself.
+		return c.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements", pgx.QueryExecModeSimpleProtocol).Scan(&n)
+	})
+	if err != nil {
+		tb.Fatalf("queries: %v", err)
+	}
+	return n
 }
 
 func TestOpenErrorHidesPassword(t *testing.T) {
