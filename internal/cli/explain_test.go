@@ -20,7 +20,7 @@ func TestExitCodeExplainsPreparedStatementErrors(t *testing.T) {
 		t.Errorf("exit code %d, want %d", code, ExitError)
 	}
 	if got := errOut.String(); !strings.Contains(got, "already exists") ||
-		!strings.Contains(got, "remove default_query_exec_mode=cache_statement from postgres.url") {
+		!strings.Contains(got, "set default_query_exec_mode=cache_describe in postgres.url") {
 		t.Errorf("stderr does not say what to change: %q", got)
 	}
 }

@@ -64,11 +64,12 @@ func transientSQLState(code string) bool {
 // IsPreparedStatementError reports whether err is the server refusing a
 // named prepared statement: SQLSTATE 26000 (invalid_sql_statement_name,
 // "prepared statement ... does not exist") or 42P05
-// (duplicate_prepared_statement, "... already exists"). ratchet's own
-// queries use none (DefaultQueryExecMode), so one reaching it means
+// (duplicate_prepared_statement, "... already exists"). Behind a pooler
+// ratchet's own queries use none (PoolerExecMode), so one reaching it means
 // postgres.url asks for them (default_query_exec_mode=cache_statement) while
 // a transaction-mode pooler hands each transaction another server session,
-// or a processor prepares statements by name. It is a configuration
+// or a pooler store.Open did not recognise (BehindPooler), or a processor
+// prepares statements by name. It is a configuration
 // problem: neither transient (waiting does not fix it, though a retry may
 // land on a session that happens to fit) nor a record error (the data is
 // not at fault: nothing may be dead-lettered for it). Explain adds what to
@@ -83,8 +84,8 @@ func IsPreparedStatementError(err error) bool {
 
 // PreparedStatementHint says what to change when IsPreparedStatementError.
 const PreparedStatementHint = "postgres.url leads to a connection pooler in transaction mode, which does not keep " +
-	"prepared statements between transactions: remove default_query_exec_mode=cache_statement from postgres.url " +
-	"(ratchet's default, cache_describe, needs none), or run the pooler in session mode, " +
+	"prepared statements between transactions: set default_query_exec_mode=cache_describe in postgres.url " +
+	"(it needs none; ratchet picks it itself behind a pooler it recognises), or run the pooler in session mode, " +
 	"and prepare no statements by name in a processor"
 
 // ConfigError is a database error caused by the configuration rather than

@@ -246,7 +246,7 @@ func TestClassifyPooler(t *testing.T) {
 		if !store.IsPreparedStatementError(err) {
 			t.Fatalf("%v: not a prepared statement error", err)
 		}
-		if msg := store.Explain(err).Error(); !strings.Contains(msg, "remove default_query_exec_mode=cache_statement") {
+		if msg := store.Explain(err).Error(); !strings.Contains(msg, "set default_query_exec_mode=cache_describe") {
 			t.Errorf("Explain does not say what to change: %s", msg)
 		}
 	})
