@@ -24,7 +24,8 @@ const redacted = "REDACTED"
 // default when maxConns <= 0) and pings the server. The returned error never
 // contains the password: it names the URL with the password replaced by
 // REDACTED, and any password text in the driver's own message is masked too.
-// ctx bounds the ping; the pool outlives it. The caller closes the pool.
+// ctx bounds the probe for a pooler and the ping; the pool outlives it. The
+// caller closes the pool.
 //
 // Unless url sets default_query_exec_mode, Open finds out, before the pool
 // runs any query, whether a connection pooler stands between ratchet and
