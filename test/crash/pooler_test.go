@@ -29,7 +29,7 @@ import (
 // dead-lettered, every instance survives the pooler's restart, and no log
 // line mentions a prepared statement.
 func TestBehindPgBouncer(t *testing.T) {
-	// Small enough for every make test; make soak (RATCHET_SOAK) runs more.
+	// Small enough for every make test; RATCHET_SOAK=1 runs more.
 	first, second, shift := 20_000, 10_000, 50
 	if os.Getenv("RATCHET_SOAK") != "" {
 		first, second = 150_000, 50_000
