@@ -195,6 +195,18 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			r.cfg.Metrics.Retries.WithLabelValues("transient").Inc()
 			r.cfg.Logger.Warn("transient failure, retrying", "actor", "retry", "topic", b.Topic,
 				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
+		case store.IsPreparedStatementError(err):
+			// Configuration (a pooler and named prepared statements), not
+			// the data: never isolated or dead-lettered. Retried like an
+			// outage, loudly, with what to change.
+			if degradedSince.IsZero() {
+				degradedSince = time.Now()
+				r.cfg.Progress.Degraded.Store(true)
+			}
+			r.cfg.Progress.Retries.Add(1)
+			r.cfg.Metrics.Retries.WithLabelValues("config").Inc()
+			r.cfg.Logger.Error("batch refused by configuration, retrying", "actor", "retry", "topic", b.Topic,
+				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", store.Explain(err))
 		case store.IsRecordError(err) || attempt+1 >= attempts:
 			r.cfg.Metrics.Retries.WithLabelValues("record").Inc()
 			return r.isolate(b, err, attempt+1)

@@ -34,7 +34,7 @@ var keys = []key{
 	{"kafka.properties", "extra librdkafka properties (TLS, SASL, ...)", func(c *Config) any { return &c.Kafka.Properties }},
 	{"kafka.recycle_interval", "rebuild the consumer this often, after a drain and flush; 0 is off", func(c *Config) any { return &c.Kafka.RecycleInterval }},
 	{"kafka.auto_offset_reset", "start of a partition with no stored or committed offset: earliest or latest", func(c *Config) any { return &c.Kafka.AutoOffsetReset }},
-	{"postgres.url", "a postgres:// or postgresql:// URL; its password is never printed", func(c *Config) any { return &c.Postgres.URL }},
+	{"postgres.url", "a postgres:// or postgresql:// URL; its password is never printed; may point at a transaction-mode pooler (PgBouncer, pgcat, RDS Proxy) unchanged: nothing in ratchet depends on a database session (docs/operations.md, Behind a pooler); a default_query_exec_mode in it wins over ratchet's pick (cache_describe behind a pooler, cache_statement on a direct connection)", func(c *Config) any { return &c.Postgres.URL }},
 	{"postgres.max_conns", "pool size; 0 means the input topics' partitions + 4, at most 16 (raise it for a PostgreSQL with more than 8 cores and a processor that waits inside its transaction)", func(c *Config) any { return &c.Postgres.MaxConns }},
 	{"postgres.synchronous_commit", "on, or off: exactly-once commits do not wait for the WAL flush (a PostgreSQL crash may undo the last ones, results and offsets together; they are applied again)", func(c *Config) any { return &c.Postgres.SynchronousCommit }},
 	{"processing.batch_size", "max records per transaction", func(c *Config) any { return &c.Processing.BatchSize }},

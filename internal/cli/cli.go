@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"ratchet/config"
+	"ratchet/internal/store"
 )
 
 // Exit codes.
@@ -120,7 +121,7 @@ func exitCode(stderr io.Writer, err error) int {
 		fmt.Fprintf(stderr, "ratchet: %s\n", ue.msg)
 		return ExitConfig
 	default:
-		fmt.Fprintf(stderr, "ratchet: %s\n", config.RedactURL(err.Error()))
+		fmt.Fprintf(stderr, "ratchet: %s\n", config.RedactURL(store.Explain(err).Error())) // says what to change
 		return ExitError
 	}
 }

@@ -22,6 +22,12 @@ import (
 // A timeout (context.DeadlineExceeded, bare or inside pgx) is transient; a caller
 // whose own context is done must check it before retrying. Other server
 // errors are not transient.
+//
+// A connection pooler in front of the server reports its own failures the
+// same way, and they are an outage like the server's: PgBouncer answers
+// 08P01 when it cannot reach the server ("pgbouncer cannot connect to
+// server", "server conn crashed?", "query_wait_timeout", "server login has
+// been failing") and cuts the connection when it stops or restarts (EOF).
 func IsTransient(err error) bool {
 	if err == nil || processor.IsPermanent(err) || errors.Is(err, context.Canceled) {
 		return false
@@ -53,6 +59,54 @@ func transientSQLState(code string) bool {
 		return true
 	}
 	return false
+}
+
+// IsPreparedStatementError reports whether err is the server refusing a
+// named prepared statement: SQLSTATE 26000 (invalid_sql_statement_name,
+// "prepared statement ... does not exist") or 42P05
+// (duplicate_prepared_statement, "... already exists"). Behind a pooler
+// ratchet's own queries use none (PoolerExecMode), so one reaching it means
+// postgres.url asks for them (default_query_exec_mode=cache_statement) while
+// a transaction-mode pooler hands each transaction another server session,
+// or a pooler store.Open did not recognise (BehindPooler), or a processor
+// prepares statements by name. It is a configuration
+// problem: neither transient (waiting does not fix it, though a retry may
+// land on a session that happens to fit) nor a record error (the data is
+// not at fault: nothing may be dead-lettered for it). Explain adds what to
+// change.
+func IsPreparedStatementError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return pgErr.Code == "26000" || pgErr.Code == "42P05"
+}
+
+// PreparedStatementHint says what to change when IsPreparedStatementError.
+const PreparedStatementHint = "postgres.url leads to a connection pooler in transaction mode, which does not keep " +
+	"prepared statements between transactions: set default_query_exec_mode=cache_describe in postgres.url " +
+	"(it needs none; ratchet picks it itself behind a pooler it recognises), or run the pooler in session mode, " +
+	"and prepare no statements by name in a processor"
+
+// ConfigError is a database error caused by the configuration rather than
+// by the data or an outage; its message says what to change.
+type ConfigError struct {
+	Err  error
+	Hint string
+}
+
+func (e *ConfigError) Error() string { return e.Err.Error() + " (" + e.Hint + ")" }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// Explain returns err as a *ConfigError carrying PreparedStatementHint when
+// IsPreparedStatementError(err), and err unchanged otherwise (also when it
+// is explained already).
+func Explain(err error) error {
+	var ce *ConfigError
+	if !IsPreparedStatementError(err) || errors.As(err, &ce) {
+		return err
+	}
+	return &ConfigError{Err: err, Hint: PreparedStatementHint}
 }
 
 // IsRecordError reports whether err is caused by the data of the batch

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"ratchet/internal/store"
+	"ratchet/internal/testenv"
 	"ratchet/processor"
 )
 
@@ -52,6 +55,9 @@ func TestClassify(t *testing.T) {
 		{"permanent wrapping a deadlock", processor.Permanent(pg("40P01")), false, true},
 		{"permanent wrapping eof", fmt.Errorf("x: %w", processor.Permanent(io.EOF)), false, true},
 		{"tx closed", pgx.ErrTxClosed, false, false},
+		{"pooler protocol violation 08P01", pg("08P01"), true, false},
+		{"prepared statement missing 26000", pg("26000"), false, false},
+		{"prepared statement exists 42P05", fmt.Errorf("apply: %w", pg("42P05")), false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,6 +66,45 @@ func TestClassify(t *testing.T) {
 			}
 			if got := store.IsRecordError(tt.err); got != tt.record {
 				t.Errorf("IsRecordError(%v) = %v, want %v", tt.err, got, tt.record)
+			}
+		})
+	}
+}
+
+// TestPreparedStatementError: the two prepared-statement refusals are a
+// configuration problem, and Explain says what to change (once).
+func TestPreparedStatementError(t *testing.T) {
+	pg := func(code string) error {
+		return &pgconn.PgError{Code: code, Message: "prepared statement \"stmtcache_1\""}
+	}
+	for _, tt := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"26000", pg("26000"), true},
+		{"42P05 wrapped", fmt.Errorf("migrate: %w", pg("42P05")), true},
+		{"undefined table 42P01", pg("42P01"), false},
+		{"eof", io.EOF, false},
+		{"nil", nil, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := store.IsPreparedStatementError(tt.err); got != tt.want {
+				t.Fatalf("IsPreparedStatementError(%v) = %v, want %v", tt.err, got, tt.want)
+			}
+			explained := store.Explain(tt.err)
+			var ce *store.ConfigError
+			if got := errors.As(explained, &ce); got != tt.want {
+				t.Fatalf("Explain(%v) = %v: a *ConfigError: %v, want %v", tt.err, explained, got, tt.want)
+			}
+			if !tt.want {
+				return
+			}
+			if !errors.Is(explained, tt.err) || store.IsTransient(explained) || store.IsRecordError(explained) {
+				t.Errorf("Explain(%v) lost the cause or changed its class: %v", tt.err, explained)
+			}
+			if msg := store.Explain(explained).Error(); strings.Count(msg, "default_query_exec_mode") != 1 {
+				t.Errorf("explained twice, or without what to change: %s", msg)
 			}
 		})
 	}
@@ -118,6 +163,91 @@ func TestClassifyLive(t *testing.T) {
 		_, err := pool.Exec(ctx, "INSERT INTO ratchet_offsets (consumer_group, topic, partition, next_offset, epoch, owner) VALUES ('g', 't', 0, -1, 1, 'a')")
 		if err == nil || store.IsTransient(err) || !store.IsRecordError(err) {
 			t.Fatalf("check violation: %v; want record error", err)
+		}
+	})
+}
+
+// TestClassifyPooler checks the predicates on what a real PgBouncer in
+// transaction mode answers: its outages (the server unreachable, the pooler
+// paused past query_wait_timeout, its connections killed, the pooler
+// restarted) are transient; a named prepared statement that meets another
+// client's on a shared server session is a configuration error.
+func TestClassifyPooler(t *testing.T) {
+	ctx := testCtx(t)
+	connect := func(t *testing.T, url, mode string) *pgx.Conn {
+		t.Helper()
+		cfg, err := pgx.ParseConfig(url + "&default_query_exec_mode=" + mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatalf("connect through pgbouncer: %v", err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	expect := func(t *testing.T, what string, err error, transient bool) {
+		t.Helper()
+		t.Logf("%s: %v", what, err)
+		if err == nil {
+			t.Fatalf("%s: no error", what)
+		}
+		if store.IsTransient(err) != transient || store.IsRecordError(err) {
+			t.Fatalf("%s: %v; want transient %v, never a record error", what, err, transient)
+		}
+	}
+
+	t.Run("server unreachable", func(t *testing.T) {
+		b := testenv.StartPgBouncer(t, "postgres://postgres@127.0.0.1:1/gone?sslmode=disable", testenv.PgBouncerOptions{})
+		_, err := pgx.Connect(ctx, b.URL()+"&connect_timeout=2")
+		expect(t, "connect", err, true)
+	})
+	db := testenv.Postgres(t)
+	t.Run("paused past query_wait_timeout", func(t *testing.T) {
+		b := testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{QueryWait: time.Second})
+		c := connect(t, b.URL(), "cache_describe")
+		b.Admin(t, "PAUSE")
+		defer b.Admin(t, "RESUME")
+		_, err := c.Exec(ctx, "SELECT 1")
+		expect(t, "query while paused", err, true)
+	})
+	t.Run("connections killed", func(t *testing.T) {
+		b := testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{})
+		c := connect(t, b.URL(), "cache_describe")
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		u, _ := url.Parse(db)
+		b.Admin(t, "KILL "+strings.TrimPrefix(u.Path, "/"))
+		defer b.Admin(t, "RESUME "+strings.TrimPrefix(u.Path, "/"))
+		_, err := c.Exec(ctx, "SELECT 1")
+		expect(t, "query after KILL", err, true)
+	})
+	t.Run("pooler restarted", func(t *testing.T) {
+		b := testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{})
+		c := connect(t, b.URL(), "cache_describe")
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		b.Restart(t)
+		_, err := c.Exec(ctx, "SELECT 1")
+		expect(t, "query after restart", err, true)
+	})
+	t.Run("named statements on a shared session", func(t *testing.T) {
+		b := testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{PoolSize: 1})
+		first := connect(t, b.URL(), "cache_statement")
+		second := connect(t, b.URL(), "cache_statement")
+		if _, err := first.Exec(ctx, "SELECT $1::int", 1); err != nil {
+			t.Fatal(err)
+		}
+		_, err := second.Exec(ctx, "SELECT $1::int", 1) // same SQL, same statement name, same server session
+		expect(t, "second client's prepare", err, false)
+		if !store.IsPreparedStatementError(err) {
+			t.Fatalf("%v: not a prepared statement error", err)
+		}
+		if msg := store.Explain(err).Error(); !strings.Contains(msg, "set default_query_exec_mode=cache_describe") {
+			t.Errorf("Explain does not say what to change: %s", msg)
 		}
 	})
 }

@@ -27,18 +27,24 @@ func TestOpen(t *testing.T) {
 	}
 }
 
-// TestOpenQueryExecMode: a plain URL gets the session-free exec mode and
-// leaves no named prepared statement on the server session after queries
-// of every kind ratchet runs (query, exec, batch, copy); a
-// default_query_exec_mode in the URL or key=value string still wins.
+// TestOpenQueryExecMode: a plain URL gets pgx's named prepared statements
+// on a direct connection, and the session-free exec mode behind PgBouncer in
+// transaction mode, which then leaves no named prepared statement on the
+// server session after queries of every kind ratchet runs (query, exec,
+// batch, copy); a default_query_exec_mode in the URL or key=value string
+// still wins.
 func TestOpenQueryExecMode(t *testing.T) {
 	db := testenv.Postgres(t)
+	pooler := testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{})
 	u, err := url.Parse(db)
 	if err != nil {
 		t.Fatal(err)
 	}
-	withMode := func(mode string) string {
-		v := *u
+	withMode := func(raw, mode string) string {
+		v, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
 		q := v.Query()
 		q.Set("default_query_exec_mode", mode)
 		v.RawQuery = q.Encode()
@@ -51,11 +57,13 @@ func TestOpenQueryExecMode(t *testing.T) {
 		url        string
 		want       pgx.QueryExecMode
 		statements bool // named prepared statements stay on the session
+		skipWork   bool // the pooler may move the statements' session
 	}{
-		{"plain url", db, pgx.QueryExecModeCacheDescribe, false},
-		{"url sets cache_statement", withMode("cache_statement"), pgx.QueryExecModeCacheStatement, true},
-		{"url sets describe_exec", withMode("describe_exec"), pgx.QueryExecModeDescribeExec, false},
-		{"key value sets exec", kv, pgx.QueryExecModeExec, false},
+		{"plain url, direct", db, store.DirectExecMode, true, false},
+		{"plain url, behind pgbouncer", pooler.URL(), store.PoolerExecMode, false, false},
+		{"url sets cache_statement behind pgbouncer", withMode(pooler.URL(), "cache_statement"), pgx.QueryExecModeCacheStatement, true, true},
+		{"url sets describe_exec", withMode(db, "describe_exec"), pgx.QueryExecModeDescribeExec, false, false},
+		{"key value sets exec", kv, pgx.QueryExecModeExec, false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -63,11 +71,56 @@ func TestOpenQueryExecMode(t *testing.T) {
 			if got := pool.Config().ConnConfig.DefaultQueryExecMode; got != tt.want {
 				t.Fatalf("DefaultQueryExecMode = %v, want %v", got, tt.want)
 			}
+			if tt.skipWork {
+				return
+			}
 			if n := namedStatementsAfterWork(t, pool); (n > 0) != tt.statements {
 				t.Errorf("%d named prepared statements on the session after the queries, want any: %v", n, tt.statements)
 			}
 		})
 	}
+}
+
+// TestBehindPooler: PgBouncer is told from PostgreSQL and from a plain TCP
+// proxy (which keeps one server session per connection), and an
+// unreachable server is an error, not an answer.
+func TestBehindPooler(t *testing.T) {
+	db := testenv.Postgres(t)
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxied := *u
+	proxied.Host = testenv.NewProxy(t, u.Host).Addr()
+	for _, tt := range []struct {
+		name string
+		url  string
+		want bool
+	}{
+		{"direct", db, false},
+		{"tcp proxy", proxied.String(), false},
+		{"pgbouncer", testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{}).URL(), true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := pgx.ParseConfig(tt.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := store.BehindPooler(testCtx(t), cfg)
+			if err != nil || got != tt.want {
+				t.Fatalf("BehindPooler = %v, %v; want %v", got, err, tt.want)
+			}
+		})
+	}
+	t.Run("unreachable", func(t *testing.T) {
+		cfg, err := pgx.ParseConfig("postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.BehindPooler(testCtx(t), cfg); err == nil {
+			t.Fatal("BehindPooler answered for a server that is not there")
+		}
+	})
 }
 
 // namedStatementsAfterWork runs a query, an exec, a batch and a copy on one

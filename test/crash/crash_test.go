@@ -65,6 +65,9 @@ func logDir(tb testing.TB) string {
 	}
 	logDirs[tb.Name()] = d
 	tb.Cleanup(func() {
+		logDirsMu.Lock()
+		delete(logDirs, tb.Name()) // -count=N runs the test again, with a new TempDir
+		logDirsMu.Unlock()
 		if tb.Failed() {
 			out, _ := exec.Command("bash", "-c", "tail -n 15 "+d+"/*.log | cut -c1-400").CombinedOutput()
 			tb.Logf("instance logs:\n%s", out)

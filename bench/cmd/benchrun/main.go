@@ -91,6 +91,8 @@ type options struct {
 	scaleEvents int64
 	scaleParts  string
 	onlyScale   bool
+	// The query exec mode section (execmode.go).
+	onlyExecMode bool
 }
 
 func run(ctx context.Context) error {
@@ -116,6 +118,7 @@ func run(ctx context.Context) error {
 	flag.Int64Var(&o.scaleEvents, "scale-events", 1_000_000, "backlog of each partition-count drain (g)")
 	flag.StringVar(&o.scaleParts, "scale-partitions", "12,256,1024", "partition counts of the drains (g), the first the baseline, the last also for peak RSS and idle CPU")
 	flag.BoolVar(&o.onlyScale, "only-scale", false, "run the partition-count section alone (to develop it; the table then has its rows only)")
+	flag.BoolVar(&o.onlyExecMode, "only-exec-mode", false, "run the query exec mode section (h) alone on a -events backlog (the table then has its rows only)")
 	flag.Parse()
 	if o.command == "" {
 		o.command = fmt.Sprint(os.Args)
@@ -169,6 +172,18 @@ func run(ctx context.Context) error {
 	}
 	if o.onlyScale {
 		if rep.scale, err = runScale(ctx, env, o, scaleParts, say, quiet); err != nil {
+			return err
+		}
+		return rep.write(began, say)
+	}
+	if o.onlyExecMode {
+		d, err := preload(ctx, env.brokers, "events", o.events, 1, quiet)
+		if err != nil {
+			return err
+		}
+		say("preloaded %d events to events in %s", o.events, d.Round(time.Millisecond))
+		rep.preload = append(rep.preload, fmt.Sprintf("%d events to `events` in %s", o.events, d.Round(time.Millisecond)))
+		if rep.execMode, err = runExecMode(ctx, env, "events", o.events, o.rounds, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -330,6 +345,12 @@ func run(ctx context.Context) error {
 	// 5. Partition counts (issue 18): drains, memory and idle cost with
 	// many partitions.
 	if rep.scale, err = runScale(ctx, env, o, scaleParts, say, quiet); err != nil {
+		return err
+	}
+
+	// 5b. Query exec modes (issue 27): the session-free default against
+	// named prepared statements, on the drains' backlog.
+	if rep.execMode, err = runExecMode(ctx, env, "events", o.events, o.rounds, say); err != nil {
 		return err
 	}
 

@@ -1,0 +1,61 @@
+package actors
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"ratchet/internal/store"
+	"ratchet/internal/testenv"
+	"ratchet/processor"
+)
+
+// refusingApplier refuses the first refusals batches with a prepared
+// statement error (what a transaction-mode pooler returns to pgx's
+// statement cache), then applies like recordingApplier.
+type refusingApplier struct {
+	recordingApplier
+	refusals atomic.Int64
+}
+
+func (a *refusingApplier) ApplyWith(ctx context.Context, b processor.Batch, c *store.Claim, o store.ApplyOptions) error {
+	if a.refusals.Add(-1) >= 0 {
+		return &pgconn.PgError{Code: "42P05", Message: `prepared statement "stmtcache_1" already exists`}
+	}
+	return a.recordingApplier.ApplyWith(ctx, b, c, o)
+}
+
+// TestPartitionRetriesPreparedStatementErrors: a prepared statement error
+// is configuration, not the data: the batch is retried (degraded, counted
+// as class "config") and nothing is isolated or dead-lettered, even with
+// retry.max_attempts 1.
+func TestPartitionRetriesPreparedStatementErrors(t *testing.T) {
+	app, dlq := &refusingApplier{}, &countingDLQ{}
+	app.refusals.Store(5)
+	sys, pid, cfg := startDecodingPartition(t, app, dlq, nil)
+
+	var msgs []*kafka.Message
+	for off := range int64(4) {
+		msgs = append(msgs, message(off, []byte{'a'}))
+	}
+	cfg.Held.Add(len(msgs), messagesBytes(msgs))
+	sys.Root.Send(pid, &Records{Msgs: msgs})
+
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(app.records()) == 4 }, "all records applied")
+	for i, r := range app.records() {
+		if r.Offset != int64(i) {
+			t.Errorf("record %d has offset %d", i, r.Offset)
+		}
+	}
+	if n := dlq.n.Load(); n != 0 {
+		t.Errorf("%d records dead-lettered for a configuration error", n)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.Retries.WithLabelValues("config")); got != 5 {
+		t.Errorf("retries of class config = %v, want 5", got)
+	}
+}
