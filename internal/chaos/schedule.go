@@ -43,6 +43,10 @@ const (
 	// PostgresSlow delays every PostgreSQL round trip by Delay for
 	// Duration.
 	PostgresSlow Kind = "postgres-slow"
+	// PostgresLock holds an exclusive lock on the rollup table for
+	// Duration: every batch waits, and so does every drain of a revoke
+	// or a stop.
+	PostgresLock Kind = "postgres-lock"
 	// PostgresTerminate terminates the members' PostgreSQL backends
 	// (pg_terminate_backend) once.
 	PostgresTerminate Kind = "postgres-terminate"
@@ -98,7 +102,7 @@ func (f Fault) String() string {
 		fmt.Fprintf(&b, " member m%d", f.Target)
 	case ScaleUp:
 		fmt.Fprintf(&b, " member m%d", f.Target)
-	case PostgresCut:
+	case PostgresCut, PostgresLock:
 		fmt.Fprintf(&b, " for %s", f.Duration.Round(time.Millisecond))
 	case PostgresSlow:
 		fmt.Fprintf(&b, " +%s per round trip for %s", f.Delay, f.Duration.Round(time.Millisecond))
@@ -221,9 +225,9 @@ func Plan(seed uint64, load time.Duration) Schedule {
 	busy := map[int]time.Duration{} // member → when its last fault ends
 	alive := startMembers           // members running at the end, so far
 	scaledUp := false
-	kinds := []Kind{Kill, Term, Pause, Pause, PostgresCut, PostgresSlow, PostgresTerminate,
+	kinds := []Kind{Kill, Term, Pause, Pause, PostgresCut, PostgresSlow, PostgresLock, PostgresTerminate,
 		BrokerFail, BrokerFail, ScaleUp, ScaleDown}
-	global := []Kind{PostgresCut, PostgresSlow, PostgresTerminate, BrokerFail}
+	global := []Kind{PostgresCut, PostgresSlow, PostgresLock, PostgresTerminate, BrokerFail}
 	if s.Mode == ExactlyOnce {
 		kinds = append(kinds, Reset)
 	}
@@ -278,7 +282,9 @@ func Plan(seed uint64, load time.Duration) Schedule {
 		}
 		switch f.Kind {
 		case PostgresCut:
-			f.Duration = time.Duration(500+rng.IntN(5000)) * time.Millisecond
+			f.Duration = time.Duration(500+rng.IntN(8000)) * time.Millisecond
+		case PostgresLock:
+			f.Duration = time.Duration(1000+rng.IntN(10000)) * time.Millisecond
 		case PostgresSlow:
 			f.Duration = time.Duration(1000+rng.IntN(5000)) * time.Millisecond
 			f.Delay = time.Duration(20+rng.IntN(200)) * time.Millisecond

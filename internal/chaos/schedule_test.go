@@ -91,7 +91,7 @@ func TestPlanKeepsItsRules(t *testing.T) {
 			t.Errorf("seed %d: last fault end %s before the last start %s", seed, s.LastFaultEnd(), last)
 		}
 	}
-	for _, k := range []Kind{Kill, Term, Pause, ScaleUp, ScaleDown, PostgresCut, PostgresSlow, PostgresTerminate, BrokerFail, Reset} {
+	for _, k := range []Kind{Kill, Term, Pause, ScaleUp, ScaleDown, PostgresCut, PostgresSlow, PostgresLock, PostgresTerminate, BrokerFail, Reset} {
 		if kinds[k] == 0 {
 			t.Errorf("500 seeds never drew a %s fault", k)
 		}

@@ -434,6 +434,8 @@ func (r *run) inject(f chaos.Fault) {
 		time.Sleep(f.Duration) // the slow spell
 		r.proxy.Delay(0)
 		r.note("postgres fast again")
+	case chaos.PostgresLock:
+		r.lockRollups(f.Duration)
 	case chaos.PostgresTerminate:
 		var n int
 		err := r.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -447,6 +449,24 @@ func (r *run) inject(f chaos.Fault) {
 	case chaos.Reset:
 		r.reset(f)
 	}
+}
+
+// lockRollups holds an exclusive lock on dashboard_rollups for d, as a
+// long migration or a report's lock would: the members' batches wait on it.
+func (r *run) lockRollups(d time.Duration) {
+	ctx := context.Background()
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		r.note("lock rollups: %v", err)
+		return
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // ends the lock; nothing was written
+	if _, err := tx.Exec(ctx, `LOCK TABLE dashboard_rollups IN EXCLUSIVE MODE`); err != nil {
+		r.note("lock rollups: %v", err)
+		return
+	}
+	time.Sleep(d) // the lock is held
+	r.note("rollup lock released after %s", d.Round(time.Millisecond))
 }
 
 // brokerFault is the kfake fault of a BrokerFail: retriable errors, as a
