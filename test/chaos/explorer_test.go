@@ -775,7 +775,7 @@ func (r *run) check() {
 			r.note("at-least-once: %d replayed, %d announced, %d allowed for %d silent losses", gotTotal-wantTotal, announced, allowance, r.silentLosses)
 		}
 	}
-	r.checkDLQ(dead, exact)
+	r.checkDLQ(dead)
 	if exact {
 		r.checkCommitted()
 	}
@@ -812,8 +812,9 @@ func (r *run) announcedReplays() int64 {
 }
 
 // checkDLQ reads the dead-letter topic: exactly the poison records, each
-// once per time it was due (at least once in at-least-once mode).
-func (r *run) checkDLQ(dead map[[2]int64]int, exact bool) {
+// at least once per time it was due. Repeats are noted, not failed: the
+// dead-letter topic is at-least-once in both modes.
+func (r *run) checkDLQ(dead map[[2]int64]int) {
 	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": r.addr, "group.id": "chaos-dlq-reader",
 		"enable.auto.commit": false, "log_level": 3})
 	if err != nil {
@@ -851,22 +852,32 @@ func (r *run) checkDLQ(dead map[[2]int64]int, exact bool) {
 		}
 		got[src]++
 	}
-	var missing, extra []string
+	var missing, extra, repeated []string
 	for k, n := range dead {
 		if got[k] < n {
 			missing = append(missing, fmt.Sprintf("%d@%d", k[0], k[1]))
 		}
 	}
 	for k, n := range got {
-		if exact && n > dead[k] || dead[k] == 0 {
+		switch {
+		case dead[k] == 0:
 			extra = append(extra, fmt.Sprintf("%d@%d×%d", k[0], k[1], n))
+		case n > dead[k]:
+			repeated = append(repeated, fmt.Sprintf("%d@%d×%d", k[0], k[1], n))
 		}
 	}
 	if len(missing) > 0 {
 		r.violate("dead letters missing for %d poison records: %v", len(missing), first(missing, 10))
 	}
 	if len(extra) > 0 {
-		r.violate("dead-letter topic holds %d unexpected records: %v", len(extra), first(extra, 10))
+		r.violate("dead-letter topic holds %d records that are not poison: %v", len(extra), first(extra, 10))
+	}
+	if len(repeated) > 0 {
+		// The dead-letter topic is at-least-once (README, Known limits): a
+		// batch whose transaction is refused or lost after its dead
+		// letters were delivered writes them again when it is applied
+		// again. ratchet_dead_letters still records each once.
+		r.note("%d poison records dead-lettered more often than due (the DLQ is at-least-once): %v", len(repeated), first(repeated, 10))
 	}
 }
 
