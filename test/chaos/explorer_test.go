@@ -777,6 +777,7 @@ func (r *run) check() {
 	}
 	r.checkDLQ(dead)
 	if exact {
+		r.checkDeadLetterRows(dead)
 		r.checkCommitted()
 	}
 }
@@ -878,6 +879,41 @@ func (r *run) checkDLQ(dead map[[2]int64]int) {
 		// letters were delivered writes them again when it is applied
 		// again. ratchet_dead_letters still records each once.
 		r.note("%d poison records dead-lettered more often than due (the DLQ is at-least-once): %v", len(repeated), first(repeated, 10))
+	}
+}
+
+// checkDeadLetterRows checks ratchet_dead_letters, which the batch
+// transactions write in exactly-once mode: one row per poison record,
+// nothing else.
+func (r *run) checkDeadLetterRows(dead map[[2]int64]int) {
+	rows, err := r.pool.Query(context.Background(), `SELECT partition, "offset" FROM ratchet_dead_letters WHERE consumer_group = $1 AND topic = $2`, group, topic)
+	if err != nil {
+		r.violate("read ratchet_dead_letters: %v", err)
+		return
+	}
+	defer rows.Close()
+	seen := map[[2]int64]bool{}
+	var extra []string
+	for rows.Next() {
+		var k [2]int64
+		if err := rows.Scan(&k[0], &k[1]); err != nil {
+			r.violate("read ratchet_dead_letters: %v", err)
+			return
+		}
+		seen[k] = true
+		if dead[k] == 0 {
+			extra = append(extra, fmt.Sprintf("%d@%d", k[0], k[1]))
+		}
+	}
+	var missing []string
+	for k := range dead {
+		if !seen[k] {
+			missing = append(missing, fmt.Sprintf("%d@%d", k[0], k[1]))
+		}
+	}
+	if len(missing) > 0 || len(extra) > 0 {
+		r.violate("ratchet_dead_letters: %d poison records without a row %v, %d rows for records that are not poison %v",
+			len(missing), first(missing, 10), len(extra), first(extra, 10))
 	}
 }
 
