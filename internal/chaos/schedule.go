@@ -53,6 +53,11 @@ const (
 	// BrokerFail fails the broker requests of one Request kind for
 	// Duration with a retriable error.
 	BrokerFail Kind = "broker-fail"
+	// RegistryOutage makes the Schema Registry answer 503 for Duration
+	// (runs whose topic is in the registry's wire format only): a member
+	// that starts meanwhile has no schema cached and must wait, not
+	// dead-letter.
+	RegistryOutage Kind = "registry-outage"
 	// Reset moves one partition's stored position back by Shift records
 	// with `offsets reset` while the group runs (exactly-once only).
 	Reset Kind = "offsets-reset"
@@ -102,7 +107,7 @@ func (f Fault) String() string {
 		fmt.Fprintf(&b, " member m%d", f.Target)
 	case ScaleUp:
 		fmt.Fprintf(&b, " member m%d", f.Target)
-	case PostgresCut, PostgresLock:
+	case PostgresCut, PostgresLock, RegistryOutage:
 		fmt.Fprintf(&b, " for %s", f.Duration.Round(time.Millisecond))
 	case PostgresSlow:
 		fmt.Fprintf(&b, " +%s per round trip for %s", f.Delay, f.Duration.Round(time.Millisecond))
@@ -128,7 +133,10 @@ type Schedule struct {
 	Partitions int32
 	Rate       int // events per second
 	Poison     float64
-	Load       time.Duration // how long the producer runs
+	// Registry: the topic is in the Schema Registry's wire format (magic
+	// byte, schema id) and the members decode it through a registry.
+	Registry bool
+	Load     time.Duration // how long the producer runs
 	// SessionTimeout is the members' session.timeout.ms.
 	SessionTimeout time.Duration
 	// ShutdownTimeout is the members' shutdown.timeout.
@@ -164,8 +172,12 @@ func (s Schedule) StaticLeftForGood() bool {
 // with its time, in the order they start.
 func (s Schedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: %s, %d partitions, %d events/s for %s, %.0f%% poison, session timeout %s, shutdown timeout %s\n",
-		s.Seed, s.Mode, s.Partitions, s.Rate, s.Load, s.Poison*100, s.SessionTimeout, s.ShutdownTimeout)
+	format := "protobuf"
+	if s.Registry {
+		format = "protobuf in the Schema Registry's wire format"
+	}
+	fmt.Fprintf(&b, "seed %d: %s, %d partitions, %s, %d events/s for %s, %.0f%% poison, session timeout %s, shutdown timeout %s\n",
+		s.Seed, s.Mode, s.Partitions, format, s.Rate, s.Load, s.Poison*100, s.SessionTimeout, s.ShutdownTimeout)
 	for i, m := range s.Members {
 		kind := "dynamic"
 		if m.Static {
@@ -202,6 +214,7 @@ func Plan(seed uint64, load time.Duration) Schedule {
 		SessionTimeout:  time.Duration(6+rng.IntN(5)) * time.Second, // 6–10 s
 		ShutdownTimeout: 10 * time.Second,
 	}
+	s.Registry = rng.IntN(3) == 0
 	// Mixed membership: the first member is static and the second dynamic
 	// in every run; the rest are drawn.
 	for i := range maxMembers {
@@ -230,6 +243,9 @@ func Plan(seed uint64, load time.Duration) Schedule {
 	global := []Kind{PostgresCut, PostgresSlow, PostgresLock, PostgresTerminate, BrokerFail}
 	if s.Mode == ExactlyOnce {
 		kinds = append(kinds, Reset)
+	}
+	if s.Registry {
+		kinds = append(kinds, RegistryOutage, RegistryOutage)
 	}
 	// The moments first, then the faults in time order, so that what a
 	// fault may do (is its member still running? has the scale-up
@@ -285,6 +301,8 @@ func Plan(seed uint64, load time.Duration) Schedule {
 			f.Duration = time.Duration(500+rng.IntN(8000)) * time.Millisecond
 		case PostgresLock:
 			f.Duration = time.Duration(1000+rng.IntN(10000)) * time.Millisecond
+		case RegistryOutage:
+			f.Duration = time.Duration(2000+rng.IntN(10000)) * time.Millisecond
 		case PostgresSlow:
 			f.Duration = time.Duration(1000+rng.IntN(5000)) * time.Millisecond
 			f.Delay = time.Duration(20+rng.IntN(200)) * time.Millisecond

@@ -78,6 +78,10 @@ func TestPlanKeepsItsRules(t *testing.T) {
 				if f.Partition < 0 || f.Partition >= s.Partitions || f.Shift <= 0 {
 					t.Errorf("seed %d: %s", seed, f)
 				}
+			case RegistryOutage:
+				if !s.Registry {
+					t.Errorf("seed %d: a registry outage in a run without a registry", seed)
+				}
 			case BrokerFail:
 				if f.Request == "" {
 					t.Errorf("seed %d: %s names no request", seed, f)
@@ -91,7 +95,7 @@ func TestPlanKeepsItsRules(t *testing.T) {
 			t.Errorf("seed %d: last fault end %s before the last start %s", seed, s.LastFaultEnd(), last)
 		}
 	}
-	for _, k := range []Kind{Kill, Term, Pause, ScaleUp, ScaleDown, PostgresCut, PostgresSlow, PostgresLock, PostgresTerminate, BrokerFail, Reset} {
+	for _, k := range []Kind{Kill, Term, Pause, ScaleUp, ScaleDown, PostgresCut, PostgresSlow, PostgresLock, PostgresTerminate, BrokerFail, Reset, RegistryOutage} {
 		if kinds[k] == 0 {
 			t.Errorf("500 seeds never drew a %s fault", k)
 		}

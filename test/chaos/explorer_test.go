@@ -35,9 +35,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"ratchet/config"
 	"ratchet/internal/chaos"
 	"ratchet/internal/event"
 	"ratchet/internal/produce"
+	"ratchet/internal/schemareg"
 	"ratchet/internal/store"
 	"ratchet/internal/testenv"
 )
@@ -148,11 +150,16 @@ type run struct {
 	dir     string
 	cluster *kfake.Cluster
 	addr    string
-	dbURL   string
-	proxy   *testenv.Proxy
-	pool    *pgxpool.Pool // direct, for the checks and the resets
-	start   time.Time
-	members []*member
+	// registry serves the topic's schema when the schedule asks for the
+	// registry's wire format; frame is what the producer puts before
+	// each value.
+	registry *testenv.Registry
+	frame    []byte
+	dbURL    string
+	proxy    *testenv.Proxy
+	pool     *pgxpool.Pool // direct, for the checks and the resets
+	start    time.Time
+	members  []*member
 
 	mu         sync.Mutex
 	journal    []string
@@ -196,6 +203,13 @@ func explore(t *testing.T, bin string, s chaos.Schedule) {
 		Observe: true, Count: -1, When: r.observeGroup})
 	r.dbURL = testenv.Postgres(t)
 	r.proxy = testenv.NewProxy(t, "127.0.0.1:5432")
+	if s.Registry {
+		r.registry = testenv.NewRegistry(t, "", "")
+		r.frame, _, err = schemareg.RegisterEvent(config.SchemaRegistry{URL: config.SecretURL(r.registry.URL())}, topic, event.FormatProtobuf)
+		if err != nil {
+			t.Fatalf("register the event schema: %v", err)
+		}
+	}
 	r.pool, err = pgxpool.New(context.Background(), r.dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -252,6 +266,9 @@ func (r *run) env(m *member) []string {
 	}
 	if m.static {
 		env = append(env, fmt.Sprintf("RATCHET_KAFKA_INSTANCE_ID=m%d", m.idx))
+	}
+	if r.registry != nil {
+		env = append(env, "RATCHET_SCHEMA_REGISTRY_URL="+r.registry.URL())
 	}
 	return env
 }
@@ -356,6 +373,9 @@ func (r *run) produce() {
 		owed += perTick
 		for ; owed >= 1; owed-- {
 			k, v, ev, poison := g.Next()
+			if len(r.frame) > 0 { // poison is framed too: refused for what it carries
+				v = append(r.frame[:len(r.frame):len(r.frame)], v...)
+			}
 			rc := rec{poison: poison}
 			if ev != nil {
 				rc.metric, rc.value = ev.Metric, ev.Value
@@ -448,6 +468,11 @@ func (r *run) inject(f chaos.Fault) {
 		r.note("broker %s requests answer again (%d failed)", f.Request, h.Hits())
 	case chaos.Reset:
 		r.reset(f)
+	case chaos.RegistryOutage:
+		r.registry.Fail(503)
+		time.Sleep(f.Duration) // the registry is down
+		r.registry.Fail(0)
+		r.note("registry answers again")
 	}
 }
 
