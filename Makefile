@@ -4,7 +4,7 @@ GO    ?= go
 BIN   ?= bin/ratchet
 PKGS  := ./...
 
-.PHONY: run test vet build clean soak fuzz
+.PHONY: run test vet build clean soak fuzz chaos
 
 ## run: start PostgreSQL if needed, then `ratchet dev` (broker, demo producer, engine, page).
 run:
@@ -36,8 +36,17 @@ include proto.mk
 include mk/image.mk
 include mk/bench.mk
 
+## chaos: the seeded chaos explorer: CHAOS_SEEDS schedules of overlapping faults (default 20, from
+## CHAOS_FIRST_SEED, default 1) of CHAOS_DURATION each (default 90s); CHAOS_SEED=N replays one schedule.
+CHAOS_SEEDS    ?= 20
+CHAOS_DURATION ?= 90s
+chaos:
+	CHAOS_SEEDS=$(CHAOS_SEEDS) CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -count=1 -timeout 0 -run TestExplore -v ./test/chaos/
+
 ## soak: 10 minutes under load with a chaos event every 30 s (RATCHET_SOAK_DURATION to change), then the
-## membership churn and rolling restart tests five times each with 60 membership changes a run.
+## membership churn and rolling restart tests five times each with 60 membership changes a run, then
+## 20 more chaos explorer seeds (101–120) of 90 s.
 soak:
 	RATCHET_SOAK=1 $(GO) test -count=1 -timeout 40m -run TestSoak -v ./test/faults/
 	RATCHET_CHURN_EVENTS=60 $(GO) test -race -count=5 -timeout 90m -run 'TestChurnWithOverlapReplaysNothing|TestRollingRestartOfStaticMembers' ./engine/
+	CHAOS_SEEDS=20 CHAOS_FIRST_SEED=101 CHAOS_DURATION=90s $(GO) test -count=1 -timeout 0 -run TestExplore -v ./test/chaos/
