@@ -118,6 +118,9 @@ func (s *Supervisor) retryClaims() {
 		delete(s.unclaimed, tp)
 		pos := startAt(st.start)
 		if st.start < 0 {
+			// Kafka answered that the group has no committed offset (a
+			// failed lookup never gets here: startOffsets gives it an
+			// error and the partition stays held).
 			pos = kafka.OffsetBeginning
 			if s.cfg.AutoOffsetReset == "latest" {
 				pos = kafka.OffsetEnd
