@@ -223,26 +223,30 @@ func TestFailedOffsetLookupHoldsThePartition(t *testing.T) {
 	}
 }
 
-// TestFirstClaimStartsAtTheGroupsCommittedOffset: a group that consumed
-// with another client or in at-least-once mode moves to exactly-once; the
-// offset store has no rows. Each partition starts where the group's
-// committed offset is, not at auto_offset_reset; a committed offset that
-// retention has deleted starts at the log start (logged with the count of
-// records lost), not at the reset position librdkafka would fetch from.
-func TestFirstClaimStartsAtTheGroupsCommittedOffset(t *testing.T) {
+// TestExactlyOnceStartPosition: a group that consumed with another client
+// or in at-least-once mode moves to exactly-once; the offset store has no
+// rows. Each partition starts where the group's committed offset is, not at
+// auto_offset_reset; a committed offset that retention has deleted starts
+// at the log start (logged with the count of records lost), not at the
+// reset position librdkafka would fetch from, and so does a stored position
+// retention has passed. Before, both fetched from outside the log and
+// librdkafka's reset to latest skipped every record.
+func TestExactlyOnceStartPosition(t *testing.T) {
 	const end = 210
+	deletedLine := `"msg":"records were deleted by retention before they were applied; starting at the log start"`
 	for _, tc := range []struct {
 		name       string
 		committed  int64
+		stored     int64 // the row's next_offset; -1: no row (first claim)
 		deleted    int64 // records retention deleted: the log starts here
 		reset      string
 		wantFirst  int64
 		wantLogged string
 	}{
-		{"committed inside the log, latest", 100, 0, "latest", 100, ""},
-		{"committed inside the log, earliest", 100, 0, "earliest", 100, ""},
-		{"committed offset deleted by retention, latest", 50, 100, "latest", 100,
-			`"msg":"records were deleted by retention before they were applied; starting at the log start"`},
+		{"first claim, committed inside the log, latest", 100, -1, 0, "latest", 100, ""},
+		{"first claim, committed inside the log, earliest", 100, -1, 0, "earliest", 100, ""},
+		{"first claim, committed offset deleted by retention, latest", 50, -1, 100, "latest", 100, deletedLine},
+		{"stored position deleted by retention, latest", 50, 50, 100, "latest", 100, deletedLine},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cluster, addr := testenv.Kafka(t, 1, topic)
@@ -253,6 +257,16 @@ func TestFirstClaimStartsAtTheGroupsCommittedOffset(t *testing.T) {
 			cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
 			cfg.Kafka.AutoOffsetReset = tc.reset
 			commitGroupOffsets(t, addr, cfg.Kafka.GroupID, map[int32]int64{0: tc.committed})
+			if tc.stored >= 0 {
+				ctx := context.Background()
+				if err := store.Migrate(ctx, pool); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := pool.Exec(ctx, `INSERT INTO ratchet_offsets (consumer_group, topic, partition, next_offset, epoch, owner, updated_at)
+					VALUES ($1, $2, 0, $3, 1, 'before', now())`, cfg.Kafka.GroupID, topic, tc.stored); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if tc.deleted > 0 {
 				if err := cluster.DeleteRecords(topic, 0, tc.deleted); err != nil {
 					t.Fatal(err)
