@@ -75,8 +75,12 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 			// Without a claim this instance must not consume the partition
 			// (it could not be fenced). It is assigned, so the group does
 			// not give it to anyone else, but held paused, and the claim
-			// is retried with backoff (retryClaims).
-			list = append(list, ktp(tp, kafka.OffsetStored))
+			// is retried with backoff (retryClaims), which seeks it to its
+			// start. It is assigned at heldAt, not at the stored offset:
+			// librdkafka would look that up itself, and when its lookup
+			// fails the partition is left in a state every later seek
+			// refuses ("Erroneous state"), held for good.
+			list = append(list, ktp(tp, heldAt))
 			held = append(held, ktp(tp, kafka.OffsetInvalid))
 			continue
 		}
@@ -103,6 +107,14 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.cfg.Logger.Info("no partitions assigned to this instance after a rebalance")
 	}
 }
+
+// heldAt is the position a held partition is assigned at: an offset, so
+// that librdkafka asks the broker nothing for it (a logical offset would
+// need an OffsetFetch or a ListOffsets, either of which may be what
+// failed). The partition is paused and retryClaims seeks it to its real
+// start; whatever is fetched before the pause takes hold is dropped, as
+// no partition actor takes it.
+const heldAt = kafka.Offset(0)
 
 type startOffset struct {
 	start     int64

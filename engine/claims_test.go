@@ -165,56 +165,87 @@ func assertAppliedFrom(tb testing.TB, pool *pgxpool.Pool, from, end int64) {
 // failed lookup counted as "no committed offset" and the retry placed the
 // partition at latest: the 110 records were skipped (in exactly-once mode
 // the first claim created the row at the end).
+//
+// When the lookup already fails at the assignment, librdkafka's own lookup
+// for the held partition fails too; before, that left the partition in a
+// state every seek refused, and it stayed held for good.
 func TestFailedOffsetLookupHoldsThePartition(t *testing.T) {
-	for _, mode := range []string{config.ModeAtLeastOnce, config.ModeExactlyOnce} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct {
+		mode string
+		// fetchFromStart: OffsetFetch fails from the assignment on, not
+		// only at the retries.
+		fetchFromStart bool
+	}{
+		{config.ModeAtLeastOnce, false},
+		{config.ModeExactlyOnce, false},
+		{config.ModeAtLeastOnce, true},
+		{config.ModeExactlyOnce, true},
+	} {
+		name := tc.mode + "/lookup fails at the retries"
+		if tc.fetchFromStart {
+			name = tc.mode + "/lookup fails from the assignment on"
+		}
+		t.Run(name, func(t *testing.T) {
 			const committed, end = 100, 210
 			cluster, addr := testenv.Kafka(t, 1, topic)
 			dbURL := testenv.Postgres(t)
 			pool := openPool(t, dbURL)
 			createLedger(t, pool)
 			produceEvents(t, addr, end)
-			cfg := testConfig(t, addr, dbURL, mode)
+			cfg := testConfig(t, addr, dbURL, tc.mode)
 			cfg.Kafka.AutoOffsetReset = "latest"
 			cfg.Retry.InitialBackoff = 200 * time.Millisecond
 			cfg.Retry.MaxBackoff = time.Second
 			commitGroupOffsets(t, addr, cfg.Kafka.GroupID, map[int32]int64{0: committed})
 
+			failFetch := func() *kfake.FaultHandle {
+				return cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Group: cfg.Kafka.GroupID, Topic: topic, Count: -1})
+			}
 			list := cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ListOffsets}, Topic: topic, Count: -1})
+			var fetch *kfake.FaultHandle
+			if tc.fetchFromStart {
+				fetch = failFetch()
+			}
 			logs := &testenv.Buffer{}
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("engine log:\n%s", logs.String())
+				}
+			})
 			r := runWithLogs(t, cfg, ledger{"a"}, prometheus.NewRegistry(), logs)
 			held := `"msg":"cannot claim partition; holding it paused and retrying"`
+			claimed := `"msg":"partition claimed after retrying; consuming it"`
 			testenv.Eventually(t, 60*time.Second, func() bool { return len(logs.Lines(held)) > 0 },
-				"the partition held after ListOffsets failed")
-			fetch := cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Group: cfg.Kafka.GroupID, Topic: topic, Count: -1})
+				"the partition held at the assignment")
+			if fetch == nil {
+				fetch = failFetch()
+			}
 			list.Remove()
 			// Lookups fail at the retries while ListOffsets answers: the
 			// partition must stay held, retry after retry.
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			if err := fetch.Wait(ctx, 1); err != nil {
-				t.Fatalf("no committed-offset lookup failed at the retries: %v", err)
+				t.Fatalf("no committed-offset lookup failed: %v", err)
 			}
 			n := len(logs.Lines(held))
 			testenv.Eventually(t, 30*time.Second, func() bool {
 				return len(logs.Lines(held)) > n || count(t, pool, `SELECT count(*) FROM test_ledger`) != 0 ||
-					len(logs.Lines(`"msg":"partition claimed after retrying; consuming it"`)) > 0
+					len(logs.Lines(claimed)) > 0
 			}, "a retry during the failed lookups")
-			if got := len(logs.Lines(`"msg":"partition claimed after retrying; consuming it"`)); got != 0 {
-				t.Fatalf("partition started while its committed offset could not be read:\n%s",
-					logs.Lines(`"msg":"partition claimed after retrying`)[0])
+			if lines := logs.Lines(claimed); len(lines) != 0 {
+				t.Fatalf("partition started while its committed offset could not be read:\n%s", lines[0])
 			}
-			if !strings.Contains(logs.Lines(held)[len(logs.Lines(held))-1], "read committed offset") {
-				t.Errorf("the hold does not name the failed lookup: %s", logs.Lines(held)[len(logs.Lines(held))-1])
+			if last := logs.Lines(held)[len(logs.Lines(held))-1]; !strings.Contains(last, "read committed offset") {
+				t.Errorf("the hold does not name the failed lookup: %s", last)
 			}
 			fetch.Remove()
-			testenv.Eventually(t, 30*time.Second, func() bool {
-				return len(logs.Lines(`"msg":"partition claimed after retrying; consuming it"`)) > 0
-			}, "the partition claimed once the lookup answers")
+			testenv.Eventually(t, 30*time.Second, func() bool { return len(logs.Lines(claimed)) > 0 },
+				"the partition claimed once the lookup answers")
 			assertAppliedFrom(t, pool, committed, end)
 			r.Stop(t)
 			assertCommittedAtEnd(t, cluster, cfg.Kafka.GroupID)
-			if mode == config.ModeExactlyOnce {
+			if tc.mode == config.ModeExactlyOnce {
 				if got := count(t, pool, `SELECT next_offset FROM ratchet_offsets`); got != end {
 					t.Errorf("stored offset %d, want %d", got, end)
 				}
