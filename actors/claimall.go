@@ -83,10 +83,11 @@ type claimed struct {
 }
 
 // claimAll claims, in exactly-once mode, every partition of parts whose
-// watermarks are known, with one ClaimFunc call (one statement for up to
-// 1024 partitions). A partition the store has never seen starts at
-// claimFallback. It returns nil in at-least-once mode.
-func (s *Supervisor) claimAll(ctx context.Context, parts []kafka.TopicPartition, committed []int64, marks []watermark) []claimed {
+// committed offset and watermarks are known (errs[i] nil), with one
+// ClaimFunc call (one statement for up to 1024 partitions). A partition the
+// store has never seen starts at firstClaim. It returns nil in
+// at-least-once mode.
+func (s *Supervisor) claimAll(ctx context.Context, parts []kafka.TopicPartition, committed []int64, marks []watermark, errs []error) []claimed {
 	if s.cfg.Claim == nil {
 		return nil
 	}
@@ -94,11 +95,11 @@ func (s *Supervisor) claimAll(ctx context.Context, parts []kafka.TopicPartition,
 	reqs := make([]store.ClaimRequest, 0, len(parts))
 	at := make([]int, 0, len(parts)) // index in parts of each request
 	for i, p := range parts {
-		if marks[i].err != nil {
+		if errs[i] != nil {
 			continue
 		}
-		fallback := claimFallback(committed[i], marks[i].low, marks[i].high, s.cfg.AutoOffsetReset)
-		reqs = append(reqs, store.ClaimRequest{Topic: *p.Topic, Partition: p.Partition, Fallback: fallback})
+		first := firstClaim(committed[i], marks[i].low, marks[i].high, s.cfg.AutoOffsetReset)
+		reqs = append(reqs, store.ClaimRequest{Topic: *p.Topic, Partition: p.Partition, Fallback: first.Start})
 		at = append(at, i)
 	}
 	if len(reqs) == 0 {

@@ -116,9 +116,11 @@ func (s *Supervisor) retryClaims() {
 		if !s.begin(tp, st) {
 			continue
 		}
-		delete(s.unclaimed, tp)
 		pos := startAt(st.start)
 		if st.start < 0 {
+			// Kafka answered that the group has no committed offset (a
+			// failed lookup never gets here: startOffsets gives it an
+			// error and the partition stays held).
 			pos = kafka.OffsetBeginning
 			if s.cfg.AutoOffsetReset == "latest" {
 				pos = kafka.OffsetEnd
@@ -133,9 +135,10 @@ func (s *Supervisor) retryClaims() {
 			// from the right place: stop it and try again later.
 			s.stopPartitions([]TopicPartition{tp}, false)
 			s.system.Root.Send(s.cfg.Committer, &Forget{TPs: []TopicPartition{tp}})
-			s.unclaim(tp, fmt.Errorf("seek to %v: %w", pos, err))
+			s.unclaim(tp, fmt.Errorf("seek to %v: %w", pos, err)) // the next attempt of the same hold
 			continue
 		}
+		delete(s.unclaimed, tp)
 		if err := s.consumer.Resume([]kafka.TopicPartition{ktp(tp, kafka.OffsetInvalid)}); err != nil {
 			s.cfg.Logger.Warn("resume claimed partition", "topic", tp.Topic, "partition", tp.Partition, "err", err)
 		}

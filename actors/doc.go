@@ -174,7 +174,9 @@
 // (Supervisor.startOffsets: exactly-once, epoch + 1 and the stored offset;
 // at-least-once, Kafka's committed offset or what this instance applied
 // before losing the partition), spawns its actor, Registers it with the
-// committer and assigns it at that explicit offset. A partition whose
+// committer and assigns it at that explicit offset; the decisions are the
+// pure functions of start.go. A partition whose start cannot be read
+// (committed offset, log bounds: an error is never "no offset") or whose
 // claim fails is assigned but held paused, and claims.go retries it with
 // backoff from the poll loop; once claimed it is moved to its start and
 // resumed (readiness says degraded meanwhile).

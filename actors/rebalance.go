@@ -75,8 +75,12 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 			// Without a claim this instance must not consume the partition
 			// (it could not be fenced). It is assigned, so the group does
 			// not give it to anyone else, but held paused, and the claim
-			// is retried with backoff (retryClaims).
-			list = append(list, ktp(tp, kafka.OffsetStored))
+			// is retried with backoff (retryClaims), which seeks it to its
+			// start. It is assigned at heldAt, not at the stored offset:
+			// librdkafka would look that up itself, and when its lookup
+			// fails the partition is left in a state every later seek
+			// refuses ("Erroneous state"), held for good.
+			list = append(list, ktp(tp, heldAt))
 			held = append(held, ktp(tp, kafka.OffsetInvalid))
 			continue
 		}
@@ -94,13 +98,23 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	}
 	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
 	s.snapshot()
-	if len(s.parts) > 0 {
+	if len(s.parts)+len(s.unclaimed) > 0 {
+		// A partition held for its claim is this member's as much as a
+		// consumed one: the group gave it here, and the member is not idle.
 		s.idleSince, s.idleWarned = time.Time{}, false
 	} else if s.idleSince.IsZero() {
 		s.idleSince = time.Now()
 		s.cfg.Logger.Info("no partitions assigned to this instance after a rebalance")
 	}
 }
+
+// heldAt is the position a held partition is assigned at: an offset, so
+// that librdkafka asks the broker nothing for it (a logical offset would
+// need an OffsetFetch or a ListOffsets, either of which may be what
+// failed). The partition is paused and retryClaims seeks it to its real
+// start; whatever is fetched before the pause takes hold is dropped, as
+// no partition actor takes it.
+const heldAt = kafka.Offset(0)
 
 type startOffset struct {
 	start     int64
@@ -110,35 +124,34 @@ type startOffset struct {
 }
 
 // startOffsets resolves where each newly assigned partition starts: the
-// stored offset in exactly-once mode (claiming the partition), else Kafka's
-// committed offset (-1: none, auto.offset.reset applies).
+// stored offset in exactly-once mode (claiming the partition; a partition
+// the store has never seen starts at firstClaim), else Kafka's committed
+// offset (-1: Kafka answered that the group has none, auto.offset.reset
+// applies). A partition whose committed offset or log bounds could not be
+// read gets the error: it is held and retried, never started at
+// auto.offset.reset on a guess.
 func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts []kafka.TopicPartition) []startOffset {
 	out := make([]startOffset, len(parts))
-	committed := make([]int64, len(parts))
-	for i := range committed {
-		committed[i] = -1
+	if len(parts) == 0 {
+		return out
 	}
-	if len(parts) > 0 {
-		q := make([]kafka.TopicPartition, len(parts))
-		copy(q, parts)
-		res, err := c.Committed(q, int(s.cfg.DrainTimeout/time.Millisecond))
-		if err != nil {
-			s.cfg.Logger.Warn("read committed offsets", "err", err)
-		}
-		for i := range res {
-			if i < len(committed) && res[i].Error == nil && res[i].Offset >= 0 {
-				committed[i] = int64(res[i].Offset)
-			}
-		}
-	}
+	q := make([]kafka.TopicPartition, len(parts))
+	copy(q, parts)
+	res, err := c.Committed(q, int(s.cfg.DrainTimeout/time.Millisecond))
+	committed, errs := committedOffsets(parts, res, err)
 	marks := queryWatermarks(c, parts, s.cfg.DrainTimeout)
-	claims := s.claimAll(ctx, parts, committed, marks)
+	for i := range parts {
+		if errs[i] == nil && marks[i].err != nil {
+			errs[i] = fmt.Errorf("query watermarks: %w", marks[i].err)
+		}
+	}
+	claims := s.claimAll(ctx, parts, committed, marks, errs)
 	for i, p := range parts {
-		low, high, err := marks[i].low, marks[i].high, marks[i].err
-		if err != nil {
-			out[i] = startOffset{err: fmt.Errorf("query watermarks: %w", err)}
+		if errs[i] != nil {
+			out[i] = startOffset{err: errs[i]}
 			continue
 		}
+		low, high := marks[i].low, marks[i].high
 		if s.cfg.Claim == nil {
 			tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 			applied, lost := s.lostApplied[tp]
@@ -148,9 +161,11 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 				s.cfg.Logger.Info("partition came back after its assignment was lost; resuming after what this instance applied",
 					"topic", tp.Topic, "partition", tp.Partition, "offset", pos.Start, "kafka_committed", committed[i])
 			}
-			if pos.PastEnd {
-				s.pastEnd(*p.Topic, p.Partition, committed[i], low, high)
+			from := committed[i]
+			if pos.Resumed {
+				from = applied
 			}
+			s.outside(*p.Topic, p.Partition, from, pos, low, high)
 			out[i] = startOffset{start: pos.Start, committed: committed[i]}
 			continue
 		}
@@ -159,19 +174,22 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 			out[i] = startOffset{err: err}
 			continue
 		}
-		switch pos := resumeClaimed(cl.Next, low, high); {
-		case pos.PastEnd:
-			s.pastEnd(*p.Topic, p.Partition, cl.Next, low, high)
+		if cl.New {
+			// The row was created at firstClaim's position: report what
+			// that decision found about Kafka's committed offset.
+			pos := firstClaim(committed[i], low, high, s.cfg.AutoOffsetReset)
+			s.outside(*p.Topic, p.Partition, committed[i], pos, low, high)
+			s.cfg.Logger.Info("partition claimed for the first time; starting at the group's committed offset (auto_offset_reset only without one)",
+				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "kafka_committed", committed[i],
+				"auto_offset_reset", s.cfg.AutoOffsetReset, "epoch", cl.Epoch)
+		} else if pos := resumeClaimed(cl.Next, low, high); pos.Start != cl.Next {
+			s.outside(*p.Topic, p.Partition, cl.Next, pos, low, high)
 			if cl, err = s.cfg.Reposition(ctx, cl, pos.Start); err != nil {
 				out[i] = startOffset{err: err}
 				continue
 			}
-		case pos.Deleted > 0:
-			s.cfg.Logger.Error("records were deleted by retention before they were applied",
-				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "log_start", low,
-				"lost", pos.Deleted)
 		}
-		if committed[i] >= 0 && committed[i] != cl.Next {
+		if !cl.New && committed[i] >= 0 && committed[i] != cl.Next {
 			// The difference is what Kafka's committed offset alone would
 			// have replayed (or skipped): ratchet resumes from the store.
 			s.cfg.Metrics.RewindsPrevented.WithLabelValues(*p.Topic).Inc()
@@ -184,6 +202,19 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 		out[i] = startOffset{start: cl.Next, committed: committed[i], claim: &claim}
 	}
 	return out
+}
+
+// outside reports a known position (from) outside the log that pos moved
+// to the log start: past the end (pastEnd), or below the start, where
+// retention deleted records before this group applied them.
+func (s *Supervisor) outside(topic string, partition int32, from int64, pos position, low, high int64) {
+	switch {
+	case pos.PastEnd:
+		s.pastEnd(topic, partition, from, low, high)
+	case pos.Deleted > 0:
+		s.cfg.Logger.Error("records were deleted by retention before they were applied; starting at the log start",
+			"topic", topic, "partition", partition, "offset", from, "log_start", low, "lost", pos.Deleted)
+	}
 }
 
 // pastEnd reports a position beyond the partition's end: the topic was

@@ -1,13 +1,29 @@
 package actors
 
+import (
+	"fmt"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
+
 // Where a newly assigned partition starts. The I/O (Kafka's committed
 // offset, the log's bounds, the claim) happens in startOffsets; the
 // decisions are here, pure, so that each case has a row in a table test.
+//
+// One rule runs through them: auto.offset.reset applies only when Kafka
+// answered that the group has no committed offset for the partition. A
+// lookup that failed is not that answer: the partition is held paused and
+// the lookup retried (retryClaims), never placed at the reset position. A
+// position outside the log (topic recreated, or records deleted by
+// retention) starts at the log start: a fetch from outside the log would
+// have librdkafka apply auto.offset.reset, which with "latest" skips every
+// record the log still holds.
 
 // position is where a partition starts and what that decision found.
 type position struct {
-	// Start is the first offset to apply; -1 when none is known (Kafka's
-	// committed offset is missing: auto.offset.reset applies).
+	// Start is the first offset to apply; -1 when none is known (Kafka
+	// answered that the group has no committed offset: auto.offset.reset
+	// applies).
 	Start int64
 	// PastEnd: the known position was beyond the log end (the topic was
 	// deleted and recreated, or truncated); Start is the log start.
@@ -15,52 +31,95 @@ type position struct {
 	// Resumed: at-least-once, Start is what this instance applied before it
 	// lost the partition, ahead of Kafka's committed offset.
 	Resumed bool
-	// Deleted counts the records between the position and the log start
-	// that retention deleted before they were applied.
+	// Deleted counts the records between the known position and the log
+	// start that retention deleted before they were applied; Start is the
+	// log start.
 	Deleted int64
+}
+
+// clamp moves a known position outside the log [low, high] to the log
+// start, recording why. An unknown position (-1) is left to
+// auto.offset.reset.
+func (p position) clamp(low, high int64) position {
+	switch {
+	case p.Start < 0:
+	case p.Start > high:
+		p.Start, p.PastEnd = low, true
+	case p.Start < low:
+		p.Start, p.Deleted = low, low-p.Start
+	}
+	return p
+}
+
+// committedOffsets reads the answer of a committed-offset lookup
+// (Consumer.Committed) for parts: each partition's committed offset, -1
+// when Kafka answered that the group has none, or why it is unknown: the
+// error of the whole call, the partition's own error, or its absence from
+// the answer. Only -1 may lead to auto.offset.reset; an error must not.
+func committedOffsets(parts, res []kafka.TopicPartition, err error) ([]int64, []error) {
+	offs := make([]int64, len(parts))
+	errs := make([]error, len(parts))
+	byTP := make(map[TopicPartition]kafka.TopicPartition, len(res))
+	for _, r := range res {
+		if r.Topic != nil {
+			byTP[TopicPartition{Topic: *r.Topic, Partition: r.Partition}] = r
+		}
+	}
+	for i, p := range parts {
+		offs[i] = -1
+		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
+		r, ok := byTP[tp]
+		switch {
+		case err != nil:
+			errs[i] = fmt.Errorf("read committed offset: %w", err)
+		case !ok:
+			errs[i] = fmt.Errorf("read committed offset: %s not in the answer", tp)
+		case r.Error != nil:
+			errs[i] = fmt.Errorf("read committed offset: %w", r.Error)
+		case r.Offset >= 0:
+			offs[i] = int64(r.Offset)
+		}
+		// Otherwise the answer is kafka.OffsetInvalid: the group has no
+		// committed offset for the partition.
+	}
+	return offs, errs
 }
 
 // resumeAtLeastOnce decides where a partition starts in at-least-once
 // mode: Kafka's committed offset (-1: none), or what this instance applied
 // before its assignment was lost (applied, when lost is set) if that is
 // ahead; every record below the higher of the two was applied. A position
-// past the log end (high) starts at the log start (low).
+// past the log end (high) or below the log start (low) starts at the log
+// start.
 func resumeAtLeastOnce(committed, applied int64, lost bool, low, high int64) position {
 	p := position{Start: committed}
 	if lost && applied > committed && applied <= high {
 		p.Start, p.Resumed = applied, true
 	}
-	if p.Start > high {
-		p.Start, p.PastEnd = low, true
-	}
-	return p
+	return p.clamp(low, high)
 }
 
-// claimFallback is the position an exactly-once claim starts a partition
-// at when the store has never seen it: Kafka's committed offset when it is
-// inside the log, else auto.offset.reset (reset "latest": the log end; any
-// other: the log start).
-func claimFallback(committed, low, high int64, reset string) int64 {
-	if committed >= 0 && committed <= high {
-		return committed
+// firstClaim decides where an exactly-once partition starts when the store
+// has never seen it (the group moves to ratchet, or from at-least-once to
+// exactly-once): where the group's committed offset is, clamped to the log,
+// and auto.offset.reset only when Kafka answered that the group has none
+// (committed -1; reset "latest": the log end; any other: the log start).
+// Start is the fallback of the claim: always an offset.
+func firstClaim(committed, low, high int64, reset string) position {
+	switch {
+	case committed >= 0:
+		return position{Start: committed}.clamp(low, high)
+	case reset == "latest":
+		return position{Start: high}
 	}
-	if reset == "latest" {
-		return high
-	}
-	return low
+	return position{Start: low}
 }
 
 // resumeClaimed decides where a claimed partition starts in exactly-once
 // mode: the stored position (next), or the log start when the position is
-// past the log end (the claim is then moved there, guarded by its epoch).
-// A position below the log start is kept (librdkafka resets the fetch);
-// what lies between was deleted by retention before it was applied.
+// outside the log (past the end: the topic was recreated; below the start:
+// retention deleted records before they were applied). The claim is then
+// moved there, guarded by its epoch.
 func resumeClaimed(next, low, high int64) position {
-	switch {
-	case next > high:
-		return position{Start: low, PastEnd: true}
-	case next < low:
-		return position{Start: next, Deleted: low - next}
-	}
-	return position{Start: next}
+	return position{Start: next}.clamp(low, high)
 }

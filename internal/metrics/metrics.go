@@ -134,7 +134,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			[]string{"reason"}),
 		Unclaimed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratchet_unclaimed_partitions",
-			Help: "Assigned partitions held paused because their claim in the offset store failed; retried with backoff."}),
+			Help: "Assigned partitions held paused because their start could not be read (committed offset, log bounds) or claimed in the offset store; retried with backoff."}),
 		CommitsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_commits_abandoned_total",
 			Help: "Partitions whose applied offsets were left uncommitted in Kafka at a stop or revoke deadline."},
