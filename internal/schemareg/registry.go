@@ -133,7 +133,8 @@ func New(cfg config.SchemaRegistry, m *metrics.Metrics) (*Registry, error) {
 }
 
 // NewClient returns a schemaregistry client for cfg: basic auth from
-// Username and Password, or from the URL's user information; no retries of
+// Username and Password, or from the URL's user information (user and
+// password, or a token alone as the user); no retries of
 // its own (callers retry with their backoff); error answers normalised so
 // that their HTTP status is always in rest.Error.Code (see statusTransport).
 func NewClient(cfg config.SchemaRegistry) (schemaregistry.Client, error) {
@@ -145,8 +146,11 @@ func NewClient(cfg config.SchemaRegistry) (schemaregistry.Client, error) {
 	case cfg.Username != "":
 		sc = schemaregistry.NewConfigWithBasicAuthentication(raw, cfg.Username.Reveal(), cfg.Password.Reveal())
 	case u.User != nil:
-		sc = schemaregistry.NewConfig(raw)
-		sc.BasicAuthCredentialsSource = "URL"
+		// Decoded, and "user:" for a token alone (https://TOKEN@host),
+		// as curl sends it; the client's own "URL" source would send the
+		// percent-encoded user information, and no colon for a token.
+		password, _ := u.User.Password()
+		sc = schemaregistry.NewConfigWithBasicAuthentication(raw, u.User.Username(), password)
 	default:
 		sc = schemaregistry.NewConfig(raw)
 	}

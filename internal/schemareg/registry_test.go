@@ -452,6 +452,26 @@ func TestBasicAuth(t *testing.T) {
 	}
 }
 
+// TestCredentialsInTheURL: the URL's user information authenticates
+// decoded (a password with '@' or a space), and a token alone in it
+// (http://TOKEN@host) is sent as the basic-auth user with no password.
+func TestCredentialsInTheURL(t *testing.T) {
+	for _, tc := range []struct{ name, user, password, userinfo string }{
+		{"escaped password", "key", "p@ss w/rd", "key:p%40ss%20w%2Frd"},
+		{"token alone", "t0ken", "", "t0ken"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := testenv.NewRegistry(t, tc.user, tc.password)
+			id := reg.Add("events-value", "JSON", eventJSONSchema)
+			r, _ := newRegistry(t, "http://"+tc.userinfo+"@"+reg.Addr())
+			s, err := r.Lookup(context.Background(), int32(id))
+			if err != nil || s.NotFound || s.Type != TypeJSON {
+				t.Errorf("Lookup = %+v, %v", s, err)
+			}
+		})
+	}
+}
+
 // TestConcurrentLookupsShareOneRequest: every partition meeting a new id at
 // once costs one registry request.
 func TestConcurrentLookupsShareOneRequest(t *testing.T) {
