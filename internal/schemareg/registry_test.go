@@ -236,26 +236,28 @@ func TestOutageIsNotPoison(t *testing.T) {
 // 404 whose JSON body has error_code 40403) says an id is unknown. A proxy's
 // HTML 404, a JSON 404 without that code (a registry's unknown endpoint),
 // the subject and version codes, or 40403 on another status are no answer
-// to a lookup by id: an outage.
+// to a lookup by id: an outage. A reference (by subject and version) is
+// missing on the registry's 40401, 40402 or 40403 only.
 func TestNonJSONErrorBodies(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		status   int
-		body     string
-		notFound bool
-		reason   string
+		name        string
+		status      int
+		body        string
+		notFound    bool
+		refNotFound bool
+		reason      string
 	}{
-		{"registry schema not found", 404, `{"error_code":40403,"message":"Schema 1 not found"}`, true, ""},
-		{"html 404", 404, "<html>nope</html>", false, reasonUnexpected},
-		{"plain-text 404", 404, "404 page not found", false, reasonUnexpected},
-		{"empty 404", 404, "", false, reasonUnexpected},
-		{"json 404 without a code", 404, `{"message":"no route"}`, false, reasonUnexpected},
-		{"registry unknown endpoint", 404, `{"error_code":404,"message":"HTTP 404 Not Found"}`, false, reasonUnexpected},
-		{"subject not found", 404, `{"error_code":40401,"message":"Subject not found"}`, false, reasonUnexpected},
-		{"version not found", 404, `{"error_code":40402,"message":"Version not found"}`, false, reasonUnexpected},
-		{"40403 on a 502", 502, `{"error_code":40403,"message":"Schema 1 not found"}`, false, reasonServerError},
-		{"html 502", 502, "<html>bad gateway</html>", false, reasonServerError},
-		{"html 401", 401, "<html>nope</html>", false, reasonRefused},
+		{"registry schema not found", 404, `{"error_code":40403,"message":"Schema 1 not found"}`, true, true, ""},
+		{"html 404", 404, "<html>nope</html>", false, false, reasonUnexpected},
+		{"plain-text 404", 404, "404 page not found", false, false, reasonUnexpected},
+		{"empty 404", 404, "", false, false, reasonUnexpected},
+		{"json 404 without a code", 404, `{"message":"no route"}`, false, false, reasonUnexpected},
+		{"registry unknown endpoint", 404, `{"error_code":404,"message":"HTTP 404 Not Found"}`, false, false, reasonUnexpected},
+		{"subject not found", 404, `{"error_code":40401,"message":"Subject not found"}`, false, true, reasonUnexpected},
+		{"version not found", 404, `{"error_code":40402,"message":"Version not found"}`, false, true, reasonUnexpected},
+		{"40403 on a 502", 502, `{"error_code":40403,"message":"Schema 1 not found"}`, false, false, reasonServerError},
+		{"html 502", 502, "<html>bad gateway</html>", false, false, reasonServerError},
+		{"html 401", 401, "<html>nope</html>", false, false, reasonRefused},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := statusTransport{next: roundTripFunc(func() (int, string) { return tc.status, tc.body })}
@@ -271,6 +273,9 @@ func TestNonJSONErrorBodies(t *testing.T) {
 			}
 			if got := isSchemaNotFound(err); got != tc.notFound {
 				t.Errorf("isSchemaNotFound(%v) = %v, want %v", err, got, tc.notFound)
+			}
+			if got := isReferenceNotFound(err); got != tc.refNotFound {
+				t.Errorf("isReferenceNotFound(%v) = %v, want %v", err, got, tc.refNotFound)
 			}
 			if !tc.notFound {
 				if got := errorReason(err); got != tc.reason {
