@@ -115,7 +115,8 @@ type Registry struct {
 	m      *metrics.Metrics
 
 	inflight singleflight.Group // by schema id
-	// now is the clock of the not-found answers (time.Now; tests move it).
+	// now is the clock of the not-found answers: time.Now; a test sets
+	// its own before the Registry is used (each Decoder copies it).
 	now func() time.Time
 
 	mu       sync.Mutex
