@@ -52,19 +52,38 @@ var (
 	// userinfoPassword matches scheme://user:password@ up to the last @ of
 	// a run of non-space characters (a password may contain '@').
 	userinfoPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^:/?#@\s]*:)\S*@`)
+	// userinfoToken matches scheme://token@, user information without a
+	// password; tokenScheme decides whether it is a secret.
+	userinfoToken = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*)://[^:/?#@\s]+@`)
 	// paramPassword matches password=... in a query or a key=value DSN.
 	paramPassword = regexp.MustCompile(`(?i)(\b(?:ssl)?password=)('[^']*'|[^&\s]*)`)
 )
 
+// tokenScheme reports whether the user information of a URL of scheme,
+// when it has no password, is a credential of its own (an API token, as in
+// https://TOKEN@registry): every scheme but PostgreSQL's, whose user alone
+// is a role name and whose password comes from elsewhere.
+func tokenScheme(scheme string) bool {
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		return false
+	}
+	return true
+}
+
 // RedactURL returns s with every password replaced by REDACTED: the
-// password of a URL's user information, password= and sslpassword= query
-// parameters, and the same inside free text such as an error message that
-// quotes a connection string.
+// password of a URL's user information, a token alone in the user
+// information (https://TOKEN@host; not a postgres:// user, which is a role
+// name), password= and sslpassword= query parameters, and the same inside
+// free text such as an error message that quotes a connection string.
 func RedactURL(s string) string {
 	if u, err := url.Parse(s); err == nil && u.Host != "" {
 		changed := false
 		if _, ok := u.User.Password(); ok {
 			u.User = url.UserPassword(u.User.Username(), redacted)
+			changed = true
+		} else if u.User.Username() != "" && tokenScheme(u.Scheme) {
+			u.User = url.User(redacted)
 			changed = true
 		}
 		if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
@@ -81,6 +100,13 @@ func RedactURL(s string) string {
 		}
 	}
 	s = userinfoPassword.ReplaceAllString(s, "${1}"+redacted+"@")
+	s = userinfoToken.ReplaceAllStringFunc(s, func(m string) string {
+		scheme, _, _ := strings.Cut(m, "://")
+		if !tokenScheme(scheme) {
+			return m
+		}
+		return scheme + "://" + redacted + "@"
+	})
 	return paramPassword.ReplaceAllString(s, "${1}"+redacted)
 }
 

@@ -89,6 +89,46 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	}
 }
 
+// TestTokenURLNeverPrinted: a registry URL whose user information is a
+// token alone (https://TOKEN@host) prints the token nowhere.
+func TestTokenURLNeverPrinted(t *testing.T) {
+	cfg := mustLoad(t, writeFile(t, "kafka:\n  group_id: g\n"), "RATCHET_SCHEMA_REGISTRY_URL=https://"+planted+"@registry:8081")
+	var jsonLog, textLog bytes.Buffer
+	slog.New(slog.NewJSONHandler(&jsonLog, nil)).Info("config", "config", cfg, "url", cfg.SchemaRegistry.URL)
+	slog.New(slog.NewTextHandler(&textLog, nil)).Info("config", "config", cfg)
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ym, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, out := range map[string]string{
+		"%v":             fmt.Sprintf("%v", cfg),
+		"%#v":            fmt.Sprintf("%#v", cfg),
+		"%+v registry":   fmt.Sprintf("%+v", cfg.SchemaRegistry),
+		"%#v url":        fmt.Sprintf("%#v", cfg.SchemaRegistry.URL),
+		"slog json":      jsonLog.String(),
+		"slog text":      textLog.String(),
+		"json":           string(js),
+		"yaml":           string(ym),
+		"Redacted url":   cfg.Redacted().SchemaRegistry.URL.Reveal(),
+		"in an error":    RedactURL(`Get "` + cfg.SchemaRegistry.URL.Reveal() + `/schemas/ids/1": EOF`),
+		"in an error, q": RedactURL(fmt.Sprintf("dial %q: refused", cfg.SchemaRegistry.URL.Reveal())),
+	} {
+		if strings.Contains(out, planted) {
+			t.Errorf("%s reveals the token: %s", name, out)
+		}
+		if !strings.Contains(out, "REDACTED@registry:8081") {
+			t.Errorf("%s shows no REDACTED@registry:8081: %s", name, out)
+		}
+	}
+	if cfg.SchemaRegistry.URL.Reveal() != "https://"+planted+"@registry:8081" {
+		t.Error("the configuration itself must keep the token")
+	}
+}
+
 func TestSecretsNeverInProblems(t *testing.T) {
 	cases := []struct {
 		name string
@@ -106,6 +146,8 @@ func TestSecretsNeverInProblems(t *testing.T) {
 		{"properties not a mapping", "kafka:\n  properties: [\"sasl.password=" + planted + "\"]\n", nil},
 		{"property value not scalar", "kafka:\n  properties: {sasl.password: [" + planted + "]}\n", nil},
 		{"registry url with password", "", []string{"RATCHET_SCHEMA_REGISTRY_URL=ftp://u:" + planted + "@registry/x"}},
+		{"registry url with a token", "", []string{"RATCHET_SCHEMA_REGISTRY_URL=ftp://" + planted + "@registry/x"}},
+		{"registry url with a token, bad port", "", []string{"RATCHET_SCHEMA_REGISTRY_URL=https://" + planted + "@registry:0"}},
 		{"registry password without url", "", []string{"RATCHET_SCHEMA_REGISTRY_PASSWORD=" + planted}},
 		{"registry password not scalar", "schema_registry:\n  password: [" + planted + "]\n", nil},
 	}
@@ -139,6 +181,17 @@ func TestRedactURL(t *testing.T) {
 		{"host=db user=app password=pw sslmode=disable", "host=db user=app password=REDACTED sslmode=disable"},
 		{"host=db password='p w' dbname=x", "host=db password=REDACTED dbname=x"},
 		{"no secrets here", "no secrets here"},
+		{"https://t0ken@registry:8081", "https://REDACTED@registry:8081"},
+		{"https://t0ken@registry:8081/sr?x=1", "https://REDACTED@registry:8081/sr?x=1"},
+		{"http://key:pw@registry", "http://key:REDACTED@registry"},
+		{"https://registry:8081", "https://registry:8081"},
+		{"HTTPS://t0ken@registry", "https://REDACTED@registry"},
+		{"POSTGRESQL://app@db/x", "POSTGRESQL://app@db/x"},
+		{`Get "https://t0ken@registry:8081/schemas/ids/1": dial tcp: refused`,
+			`Get "https://REDACTED@registry:8081/schemas/ids/1": dial tcp: refused`},
+		{"registry https://t0ken@a:1 and https://k:pw@b:2 and postgres://app@db/x",
+			"registry https://REDACTED@a:1 and https://k:REDACTED@b:2 and postgres://app@db/x"},
+		{"mail admin@example.com", "mail admin@example.com"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.in, func(t *testing.T) {

@@ -2,6 +2,10 @@ package engine_test
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,6 +252,112 @@ message Unused { string note = 1; }`)
 	}
 	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, sent.Load())
+	if n := dlqRecords(cluster, cfg.Kafka.DLQTopic(topic)); n != 0 {
+		t.Errorf("%d records dead-lettered", n)
+	}
+}
+
+// TestSchemaRegistryIngressNotFound: for 6 s every lookup of a schema by id
+// is answered with an HTML 404 (an ingress's default backend, not the
+// registry's JSON error_code 40403) while records with a schema id not seen
+// before keep arriving. That is an outage, not an unknown id: the records
+// wait (their partitions held, /readyz degraded), nothing is dead-lettered,
+// and once the registry answers again every record is applied once.
+func TestSchemaRegistryIngressNotFound(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 4, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	reg := testenv.NewRegistry(t, "", "")
+	target, err := url.Parse(reg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The ingress in front of the registry: while misrouting, lookups by
+	// id reach its default backend.
+	var misrouting atomic.Bool
+	var html404 atomic.Int64
+	forward := httputil.NewSingleHostReverseProxy(target)
+	ingress := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if misrouting.Load() && strings.HasPrefix(req.URL.Path, "/schemas/ids/") {
+			html404.Add(1)
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte("<html><head><title>404 Not Found</title></head><body><center><h1>404 Not Found</h1></center><hr><center>nginx</center></body></html>\n"))
+			return
+		}
+		forward.ServeHTTP(w, req)
+	}))
+	t.Cleanup(ingress.Close)
+	ser := confluentSerializer(t, reg, event.FormatProtobuf)
+	// A second schema defining ratchet.v1.Event first: its id is first
+	// looked up while the ingress misroutes.
+	laterID := reg.Add("events-v2", "PROTOBUF", `syntax = "proto3";
+package ratchet.v1;
+import "google/protobuf/timestamp.proto";
+message Event { string id = 1; string metric = 2; double value = 3; google.protobuf.Timestamp time = 4; map<string, string> labels = 5; }
+message Unused { string note = 1; }`)
+
+	g := &gen{}
+	pr := newProducer(t, addr)
+	var sent int64
+	produce := func(n int, later bool) {
+		recs := make([]*rawRecord, n)
+		for i := range recs {
+			ev := g.next()
+			v := ser(ev)
+			if later && i%2 == 0 {
+				payload, err := proto.Marshal(ev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				v = append(event.AppendFrame(nil, int32(laterID), []int{0}), payload...)
+			}
+			recs[i] = &rawRecord{key: []byte(ev.Id), value: v, id: ev.Id}
+		}
+		pr.sendRaw(t, recs)
+		sent += int64(n)
+	}
+
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.SchemaRegistry.URL = config.SecretURL(ingress.URL)
+	cfg.Retry.InitialBackoff, cfg.Retry.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
+	r, base := startHTTP(t, cfg, ledger{"a"}, "a")
+	ready := pollReadiness(t, base)
+	produce(1000, false)
+	waitApplied(t, pool, 1000)
+	ready.waitFor(t, "ready", 30*time.Second)
+
+	misrouting.Store(true)
+	ends := time.Now().Add(6 * time.Second)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(ends) {
+		produce(200, true)
+		<-tick.C
+	}
+	ready.waitFor(t, "degraded", 5*time.Second)
+	if html404.Load() == 0 {
+		t.Fatal("no lookup by id met the ingress's 404; the test did not exercise it")
+	}
+	if n := dlqRecords(cluster, cfg.Kafka.DLQTopic(topic)); n != 0 {
+		t.Fatalf("%d records dead-lettered while the ingress answered 404", n)
+	}
+	if applied := count(t, pool, `SELECT count(*) FROM test_ledger`); applied >= sent {
+		t.Fatalf("all %d records applied while the ingress answered 404; the test did not exercise it", applied)
+	}
+	misrouting.Store(false)
+	waitApplied(t, pool, sent)
+	ready.waitFor(t, "ready", 30*time.Second)
+	fams := scrape(t, base)
+	if n := series(fams, "ratchet_schema_registry_errors_total")["reason=unexpected_answer"]; n == 0 {
+		t.Errorf("ratchet_schema_registry_errors_total = %v, want unexpected_answer counted", series(fams, "ratchet_schema_registry_errors_total"))
+	}
+	if n := series(fams, "ratchet_schema_registry_lookups_total")["result=found"]; n != 2 {
+		t.Errorf("ratchet_schema_registry_lookups_total found = %v, want 2 (two schema ids)", n)
+	}
+	r.Stop(t)
+	assertLedgerExactlyOnce(t, pool, sent)
 	if n := dlqRecords(cluster, cfg.Kafka.DLQTopic(topic)); n != 0 {
 		t.Errorf("%d records dead-lettered", n)
 	}

@@ -48,8 +48,9 @@ func FetchWaitMs(partitions int) int {
 	return min(max(100, partitions*100/512), 500)
 }
 
-// ConsumerConfig returns the librdkafka configuration for o. The settings
-// below are not negotiable (config validation refuses overrides):
+// ConsumerConfig returns the librdkafka configuration for o; producer-only
+// properties of o.Properties are left out. The settings below are not
+// negotiable (config validation refuses overrides):
 //
 //   - enable.auto.commit=false and enable.auto.offset.store=false: only the
 //     committer commits, and only offsets that were applied. With the
@@ -86,7 +87,7 @@ func ConsumerConfig(o ConsumerOptions) *kafka.ConfigMap {
 		"fetch.wait.max.ms":                  FetchWaitMs(o.Partitions),
 		"topic.metadata.refresh.interval.ms": 30000,
 	}
-	for k, v := range o.Properties {
+	for k, v := range ForConsumer(o.Properties) {
 		m[k] = v
 	}
 	fixed := kafka.ConfigMap{
@@ -122,7 +123,7 @@ func NewConsumer(o ConsumerOptions, log *slog.Logger) (*kafka.Consumer, error) {
 
 // ProducerConfig returns the librdkafka configuration of the DLQ and demo
 // producers: idempotent, all in-sync replicas, so a delivery report means the
-// record is durable.
+// record is durable. Consumer-only properties of props are left out.
 func ProducerConfig(brokers []string, props map[string]string) *kafka.ConfigMap {
 	m := kafka.ConfigMap{
 		"linger.ms":                    5,
@@ -135,7 +136,7 @@ func ProducerConfig(brokers []string, props map[string]string) *kafka.ConfigMap 
 		"go.events.channel.size":  10000,
 		"go.produce.channel.size": 1000,
 	}
-	for k, v := range props {
+	for k, v := range ForProducer(props) {
 		m[k] = v
 	}
 	m["bootstrap.servers"] = strings.Join(brokers, ",")
@@ -154,6 +155,74 @@ func NewProducer(brokers []string, props map[string]string, log *slog.Logger) (*
 	}
 	go forwardLogs(p.Logs(), log.With("client", "producer"))
 	return p, nil
+}
+
+// consumerOnly are the properties only a consumer reads: those librdkafka
+// 2.11.1 marks C in its CONFIGURATION.md (rd_kafka_conf_properties_show of
+// the bundled library, callbacks left out), and confluent-kafka-go's own
+// consumer settings. Given to a producer, librdkafka warns at every start
+// that it ignores them ("Configuration property session.timeout.ms is a
+// consumer property and will be ignored by this producer instance"), and a
+// go.* setting of the other client type is refused.
+var consumerOnly = names(
+	"group.id", "group.instance.id", "group.protocol", "group.protocol.type", "group.remote.assignor",
+	"partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms",
+	"coordinator.query.interval.ms", "max.poll.interval.ms",
+	"enable.auto.commit", "auto.commit.enable", "auto.commit.interval.ms", "enable.auto.offset.store",
+	"auto.offset.reset", "offset.store.method", "offset.store.path", "offset.store.sync.interval.ms",
+	"queued.min.messages", "queued.max.messages.kbytes", "fetch.wait.max.ms", "fetch.queue.backoff.ms",
+	"fetch.message.max.bytes", "max.partition.fetch.bytes", "fetch.max.bytes", "fetch.min.bytes",
+	"fetch.error.backoff.ms", "isolation.level", "enable.partition.eof", "check.crcs",
+	"consume.callback.max.messages",
+	"go.application.rebalance.enable", "go.events.channel.enable",
+)
+
+// producerOnly are the properties only a producer reads (P in librdkafka's
+// CONFIGURATION.md, and confluent-kafka-go's producer settings); a consumer
+// warns that it ignores them.
+var producerOnly = names(
+	"transactional.id", "transaction.timeout.ms", "enable.idempotence", "enable.gapless.guarantee",
+	"queue.buffering.max.messages", "queue.buffering.max.kbytes", "queue.buffering.max.ms", "linger.ms",
+	"queue.buffering.backpressure.threshold", "message.send.max.retries", "retries",
+	"batch.num.messages", "batch.size", "compression.codec", "compression.type", "compression.level",
+	"delivery.report.only.error", "sticky.partitioning.linger.ms", "request.required.acks", "acks",
+	"request.timeout.ms", "message.timeout.ms", "delivery.timeout.ms", "queuing.strategy",
+	"produce.offset.report", "partitioner",
+	"go.batch.producer", "go.delivery.reports", "go.delivery.report.fields", "go.produce.channel.size",
+)
+
+func names(list ...string) map[string]bool {
+	m := make(map[string]bool, len(list))
+	for _, n := range list {
+		m[n] = true
+	}
+	return m
+}
+
+// ConsumerOnly reports whether the librdkafka property name is read by
+// consumers only.
+func ConsumerOnly(name string) bool { return consumerOnly[name] }
+
+// ProducerOnly reports whether the librdkafka property name is read by
+// producers only.
+func ProducerOnly(name string) bool { return producerOnly[name] }
+
+// ForConsumer returns the kafka.properties a consumer (and an admin client
+// made from it) is given: all but the producer-only ones.
+func ForConsumer(props map[string]string) map[string]string { return without(props, producerOnly) }
+
+// ForProducer returns the kafka.properties a producer (and an admin client
+// made from it) is given: all but the consumer-only ones.
+func ForProducer(props map[string]string) map[string]string { return without(props, consumerOnly) }
+
+func without(props map[string]string, drop map[string]bool) map[string]string {
+	out := make(map[string]string, len(props))
+	for k, v := range props {
+		if !drop[k] {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // forwardLogs drains ch until it is closed. librdkafka blocks on a full logs

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,5 +144,111 @@ func TestFetchWaitFollowsThePartitions(t *testing.T) {
 		Properties: map[string]string{"fetch.wait.max.ms": "50"}})
 	if got, _ := m.Get("fetch.wait.max.ms", nil); got != "50" {
 		t.Errorf("kafka.properties fetch.wait.max.ms 50 gave %v", got)
+	}
+}
+
+// userProperties are kafka.properties a user sets for the consumer, for
+// the producer and for both.
+var userProperties = map[string]string{
+	"session.timeout.ms":            "45000",
+	"heartbeat.interval.ms":         "3000",
+	"max.poll.interval.ms":          "300000",
+	"fetch.min.bytes":               "1",
+	"fetch.max.bytes":               "52428800",
+	"isolation.level":               "read_committed",
+	"queued.min.messages":           "1000",
+	"coordinator.query.interval.ms": "600000",
+	"linger.ms":                     "20",
+	"batch.size":                    "65536",
+	"compression.type":              "zstd",
+	"message.timeout.ms":            "60000",
+	"client.id":                     "ratchet-test",
+	"socket.keepalive.enable":       "true",
+	"debug":                         "conf", // "Client configuration:" ends what rd_kafka_new logs
+}
+
+// TestPropertiesGoToTheirClient: consumer-only kafka.properties
+// (session.timeout.ms, fetch.*, ...) reach the consumer only and
+// producer-only ones (linger.ms, compression.type, ...) the producer only,
+// so neither warns at start that it ignores a property, while the
+// properties of both reach both. A producer given the consumer's
+// properties does warn (the check below can fail).
+func TestPropertiesGoToTheirClient(t *testing.T) {
+	_, addr := testenv.Kafka(t, 1, "events")
+	brokers := []string{addr}
+
+	producerCfg := kafkaclient.ProducerConfig(brokers, userProperties)
+	consumerCfg := kafkaclient.ConsumerConfig(kafkaclient.ConsumerOptions{Brokers: brokers, GroupID: "g", Properties: userProperties})
+	for k := range *producerCfg {
+		if kafkaclient.ConsumerOnly(k) {
+			t.Errorf("the producer's configuration has the consumer-only %s", k)
+		}
+	}
+	for k := range *consumerCfg {
+		if kafkaclient.ProducerOnly(k) {
+			t.Errorf("the consumer's configuration has the producer-only %s", k)
+		}
+	}
+	for _, k := range []string{"linger.ms", "compression.type", "client.id", "socket.keepalive.enable"} {
+		if v, _ := producerCfg.Get(k, nil); v != userProperties[k] {
+			t.Errorf("producer %s = %v, want %s", k, v, userProperties[k])
+		}
+	}
+	for _, k := range []string{"session.timeout.ms", "isolation.level", "client.id", "socket.keepalive.enable"} {
+		if v, _ := consumerCfg.Get(k, nil); v != userProperties[k] {
+			t.Errorf("consumer %s = %v, want %s", k, v, userProperties[k])
+		}
+	}
+
+	// started tells when rd_kafka_new has logged all it logs at start:
+	// its configuration warnings come before the configuration dump.
+	started := func(buf *testenv.Buffer) func() bool {
+		return func() bool { return len(buf.Lines("Client configuration")) > 0 }
+	}
+	const ignored = "will be ignored by this"
+
+	// The control: every property given to a producer as it is.
+	raw := kafka.ConfigMap{"bootstrap.servers": addr, "go.logs.channel.enable": true}
+	for k, v := range userProperties {
+		raw[k] = v
+	}
+	p, err := kafka.NewProducer(&raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rawLogs testenv.Buffer
+	go func() { // ends when p.Close closes the channel
+		for ev := range p.Logs() {
+			rawLogs.Write([]byte(ev.Tag + " " + ev.Message + "\n"))
+		}
+	}()
+	testenv.Eventually(t, 30*time.Second, started(&rawLogs), "the raw producer logs its configuration")
+	if w := rawLogs.Lines(ignored); len(w) < 8 {
+		t.Errorf("a producer given 8 consumer properties warned %d times: %q", len(w), w)
+	}
+	p.Close()
+
+	for _, client := range []string{"producer", "consumer"} {
+		t.Run(client, func(t *testing.T) {
+			var buf testenv.Buffer
+			log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			if client == "producer" {
+				p, err := kafkaclient.NewProducer(brokers, userProperties, log)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.Close()
+			} else {
+				c, err := kafkaclient.NewConsumer(kafkaclient.ConsumerOptions{Brokers: brokers, GroupID: "g", Properties: userProperties}, log)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+			}
+			testenv.Eventually(t, 30*time.Second, started(&buf), "the %s logs its configuration", client)
+			if w := buf.Lines(ignored); len(w) > 0 {
+				t.Errorf("the %s warns that it ignores properties:\n%s", client, strings.Join(w, "\n"))
+			}
+		})
 	}
 }

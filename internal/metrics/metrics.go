@@ -130,7 +130,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		RegistryCacheHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratchet_schema_registry_cache_hits_total", Help: "Schema ids answered from the cache, without a registry request."}),
 		RegistryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratchet_schema_registry_errors_total", Help: "Schema registry requests without a usable answer, by reason (unreachable, server_error, refused)."},
+			Name: "ratchet_schema_registry_errors_total", Help: "Schema registry requests without a usable answer, by reason (unreachable, server_error, refused, unexpected_answer)."},
 			[]string{"reason"}),
 		Unclaimed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratchet_unclaimed_partitions",

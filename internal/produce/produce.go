@@ -19,6 +19,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"ratchet/internal/event"
+	"ratchet/internal/kafkaclient"
 )
 
 // drainTimeout bounds the final flush when Run stops because ctx is done:
@@ -141,7 +142,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (Stats, error) {
 		"compression.type":             "lz4",
 		"go.logs.channel.enable":       true,
 	}
-	for k, v := range opts.Properties {
+	for k, v := range kafkaclient.ForProducer(opts.Properties) { // kafka.properties has the consumer's too
 		cfg[k] = v
 	}
 	p, err := kafka.NewProducer(&cfg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -26,6 +27,7 @@ type Decoder struct {
 	inner  *event.Decoder
 	known  map[int32]*Schema
 	hits   prometheus.Counter
+	now    func() time.Time // the Registry's clock
 }
 
 // NewDecoder returns the Decoder of one partition for values framed
@@ -34,19 +36,25 @@ func NewDecoder(reg *Registry, format string, m *metrics.Metrics) *Decoder {
 	if format == "" {
 		format = event.FormatProtobuf
 	}
+	now := time.Now
+	if reg != nil {
+		now = reg.now
+	}
 	return &Decoder{reg: reg, format: format, inner: event.NewDecoder(format), known: map[int32]*Schema{},
-		hits: m.RegistryCacheHits}
+		hits: m.RegistryCacheHits, now: now}
 }
 
 // Missing reports whether value carries a schema id this Decoder has not
-// learned. A value that is not framed needs no lookup: it is poison.
+// learned, or learned as unknown more than notFoundTTL ago (the id is
+// asked again: its schema may have been registered since). A value that
+// is not framed needs no lookup: it is poison.
 func (d *Decoder) Missing(value []byte) bool {
 	id, ok := event.SchemaIDOf(value)
 	if !ok {
 		return false
 	}
-	_, known := d.known[id]
-	return !known
+	s, known := d.known[id]
+	return !known || s.NotFound && !d.now().Before(s.retryAt)
 }
 
 // Resolve looks up the schema ids of values; learn adds them to the

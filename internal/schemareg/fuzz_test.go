@@ -2,6 +2,7 @@ package schemareg
 
 import (
 	"testing"
+	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/schemaregistry"
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,7 +31,7 @@ message Event { string id = 1; string metric = 2; double value = 3; google.proto
 	d := NewDecoder(nil, format, metrics.New(prometheus.NewRegistry()))
 	d.known[1] = proto1
 	d.known[2] = &Schema{ID: 2, Type: TypeJSON}
-	d.known[3] = &Schema{ID: 3, NotFound: true}
+	d.known[3] = &Schema{ID: 3, NotFound: true, retryAt: time.Now().Add(24 * time.Hour)}
 	d.known[4] = &Schema{ID: 4, Type: TypeAvro}
 	return d
 }

@@ -28,7 +28,7 @@ var eventName = string((&ratchetv1.Event{}).ProtoReflect().Descriptor().FullName
 func (s *Schema) parseProtobuf(client schemaregistry.Client, info schemaregistry.SchemaInfo) error {
 	deps := map[string]string{}
 	if err := serde.ResolveReferences(client, info, deps); err != nil {
-		if isNotFound(err) {
+		if isReferenceNotFound(err) {
 			s.problem = fmt.Sprintf("schema id %d references a schema the registry does not have", s.ID)
 			return nil
 		}

@@ -15,9 +15,13 @@
 // be read (no magic byte, an id the registry does not know, a schema that
 // is not ratchet.v1.Event) is poison: DecodeRecord returns an
 // *event.Error and the record goes to the dead-letter topic. A registry
-// that cannot answer (unreachable, 5xx, refusing our credentials) is an
-// outage: Lookup returns an error, nothing is decided about the record,
-// and the partition waits.
+// that cannot answer (unreachable, 5xx, refusing our credentials, any
+// answer that is not the registry's own, such as an ingress's HTML 404) is
+// an outage: Lookup returns an error, nothing is decided about the record,
+// and the partition waits. Only the registry's own "schema not found"
+// (HTTP 404 with error_code 40403 in its JSON body) makes an id unknown,
+// and an unknown id is remembered for notFoundTTL only, by the Registry
+// and by every Decoder: a schema registered later is found.
 package schemareg
 
 import (
@@ -50,12 +54,22 @@ const (
 	TypeAvro     = "AVRO"
 )
 
-// notFoundTTL is how long an unknown schema id is remembered. An id the
-// registry does not know is usually a value from another registry, or
-// garbage that happens to start with 0; remembering it keeps such a stream
-// from costing a request per record, and forgetting it lets a schema
-// registered later be found.
+// notFoundTTL is how long an unknown schema id is remembered, by the
+// Registry and by each Decoder. An id the registry does not know is usually
+// a value from another registry, or garbage that happens to start with 0;
+// remembering it keeps such a stream from costing a request per record,
+// and forgetting it lets a schema registered later be found.
 const notFoundTTL = 30 * time.Second
+
+// Error codes of the registry's JSON error bodies that say something does
+// not exist. A lookup by id (GET /schemas/ids/{id}, no subject) is answered
+// 40403 when the id is unknown; 40401 and 40402 answer lookups by subject
+// and version, which only the references of a protobuf schema use.
+const (
+	codeSubjectNotFound = 40401
+	codeVersionNotFound = 40402
+	codeSchemaNotFound  = 40403
+)
 
 // maxNotFound bounds the unknown ids remembered; past it they are all
 // forgotten (a stream of random ids must not grow the cache forever).
@@ -73,8 +87,10 @@ var ErrUnavailable = errors.New("schema registry unavailable")
 // Schema is what the registry answered for one schema id.
 type Schema struct {
 	ID int32
-	// NotFound is set when the registry does not know the id (404).
+	// NotFound is set when the registry does not know the id (its 404
+	// with error_code 40403); the answer holds until retryAt.
 	NotFound bool
+	retryAt  time.Time
 	// Type is PROTOBUF, JSON or AVRO.
 	Type string
 	// Text is the schema as registered.
@@ -99,6 +115,9 @@ type Registry struct {
 	m      *metrics.Metrics
 
 	inflight singleflight.Group // by schema id
+	// now is the clock of the not-found answers: time.Now; a test sets
+	// its own before the Registry is used (each Decoder copies it).
+	now func() time.Time
 
 	mu       sync.Mutex
 	found    map[int32]*Schema
@@ -111,11 +130,12 @@ func New(cfg config.SchemaRegistry, m *metrics.Metrics) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Registry{client: client, m: m, found: map[int32]*Schema{}, notFound: map[int32]time.Time{}}, nil
+	return &Registry{client: client, m: m, now: time.Now, found: map[int32]*Schema{}, notFound: map[int32]time.Time{}}, nil
 }
 
 // NewClient returns a schemaregistry client for cfg: basic auth from
-// Username and Password, or from the URL's user information; no retries of
+// Username and Password, or from the URL's user information (user and
+// password, or a token alone as the user); no retries of
 // its own (callers retry with their backoff); error answers normalised so
 // that their HTTP status is always in rest.Error.Code (see statusTransport).
 func NewClient(cfg config.SchemaRegistry) (schemaregistry.Client, error) {
@@ -127,8 +147,11 @@ func NewClient(cfg config.SchemaRegistry) (schemaregistry.Client, error) {
 	case cfg.Username != "":
 		sc = schemaregistry.NewConfigWithBasicAuthentication(raw, cfg.Username.Reveal(), cfg.Password.Reveal())
 	case u.User != nil:
-		sc = schemaregistry.NewConfig(raw)
-		sc.BasicAuthCredentialsSource = "URL"
+		// Decoded, and "user:" for a token alone (https://TOKEN@host),
+		// as curl sends it; the client's own "URL" source would send the
+		// percent-encoded user information, and no colon for a token.
+		password, _ := u.User.Password()
+		sc = schemaregistry.NewConfigWithBasicAuthentication(raw, u.User.Username(), password)
 	default:
 		sc = schemaregistry.NewConfig(raw)
 	}
@@ -158,10 +181,10 @@ func (r *Registry) Lookup(ctx context.Context, id int32) (*Schema, error) {
 		r.m.RegistryCacheHits.Inc()
 		return s, nil
 	}
-	if until, ok := r.notFound[id]; ok && time.Now().Before(until) {
+	if until, ok := r.notFound[id]; ok && r.now().Before(until) {
 		r.mu.Unlock()
 		r.m.RegistryCacheHits.Inc()
-		return &Schema{ID: id, NotFound: true}, nil
+		return &Schema{ID: id, NotFound: true, retryAt: until}, nil
 	}
 	r.mu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -180,18 +203,24 @@ func (r *Registry) Lookup(ctx context.Context, id int32) (*Schema, error) {
 func (r *Registry) fetch(id int32) (*Schema, error) {
 	info, err := r.client.GetBySubjectAndID("", int(id))
 	if err != nil {
-		if isNotFound(err) {
+		if isSchemaNotFound(err) {
 			r.m.RegistryLookups.WithLabelValues("not_found").Inc()
+			until := r.now().Add(notFoundTTL)
 			r.mu.Lock()
 			if len(r.notFound) >= maxNotFound {
 				clear(r.notFound)
 			}
-			r.notFound[id] = time.Now().Add(notFoundTTL)
+			r.notFound[id] = until
 			r.mu.Unlock()
-			return &Schema{ID: id, NotFound: true}, nil
+			return &Schema{ID: id, NotFound: true, retryAt: until}, nil
 		}
-		r.m.RegistryErrors.WithLabelValues(errorReason(err)).Inc()
-		return nil, fmt.Errorf("%w: look up schema id %d: %s", ErrUnavailable, id, config.RedactURL(err.Error()))
+		reason := errorReason(err)
+		r.m.RegistryErrors.WithLabelValues(reason).Inc()
+		hint := ""
+		if reason == reasonUnexpected {
+			hint = " (a 404 that is not the registry's answer: check the path of schema_registry.url)"
+		}
+		return nil, fmt.Errorf("%w: look up schema id %d: %s%s", ErrUnavailable, id, config.RedactURL(err.Error()), hint)
 	}
 	r.m.RegistryLookups.WithLabelValues("found").Inc()
 	s, err := r.newSchema(id, info)
@@ -221,24 +250,53 @@ func (r *Registry) newSchema(id int32, info schemaregistry.SchemaInfo) (*Schema,
 	return s, nil
 }
 
-// isNotFound reports whether err is the registry saying it does not know
-// the schema id: HTTP 404, error code 40403 (schema not found) or another
-// 404xx.
-func isNotFound(err error) bool {
+// isSchemaNotFound reports whether err is the registry saying it does not
+// know the schema id: its JSON error body with error_code 40403 (on an HTTP
+// 404, see statusTransport). Any other 404 (an ingress's default backend,
+// a wrong path prefix, a JSON body without that code) did not come from a
+// registry asked the question, and is an outage.
+func isSchemaNotFound(err error) bool {
 	var re *rest.Error
-	return errors.As(err, &re) && (re.Code == http.StatusNotFound || re.Code/100 == 404)
+	return errors.As(err, &re) && re.Code == codeSchemaNotFound
 }
+
+// isReferenceNotFound reports whether err is the registry saying it does
+// not have a schema that another references by subject and version:
+// subject, version or schema not found, in its JSON error body.
+func isReferenceNotFound(err error) bool {
+	var re *rest.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	switch re.Code {
+	case codeSubjectNotFound, codeVersionNotFound, codeSchemaNotFound:
+		return true
+	}
+	return false
+}
+
+// Reasons of ratchet_schema_registry_errors_total.
+const (
+	reasonUnreachable = "unreachable"
+	reasonServerError = "server_error"
+	reasonRefused     = "refused"
+	// reasonUnexpected: an HTTP 404 that is not the registry's "schema not
+	// found" (a wrong URL path, an ingress's default backend).
+	reasonUnexpected = "unexpected_answer"
+)
 
 // errorReason classifies a failed request for the errors metric.
 func errorReason(err error) string {
 	var re *rest.Error
 	switch {
-	case errors.As(err, &re) && (re.Code >= 500 && re.Code < 600 || re.Code/100 >= 500):
-		return "server_error"
-	case errors.As(err, &re):
-		return "refused"
+	case !errors.As(err, &re):
+		return reasonUnreachable
+	case re.Code >= 500 && re.Code < 600 || re.Code/100 >= 500 && re.Code/100 < 600:
+		return reasonServerError
+	case re.Code == http.StatusNotFound || re.Code/100 == http.StatusNotFound:
+		return reasonUnexpected
 	default:
-		return "unreachable"
+		return reasonRefused
 	}
 }
 
@@ -247,7 +305,10 @@ func errorReason(err error) string {
 // client decodes error bodies as JSON and, when a body is not JSON (a proxy's
 // HTML 502, a plain-text 404), returns a bare JSON syntax error, from which
 // a missing schema could not be told apart from an outage. A JSON body
-// without an error_code gets the HTTP status as its code.
+// without an error_code, or with one that does not belong to the HTTP
+// status (the registry's codes are the status and one more digit: 40403 on
+// a 404), gets the HTTP status as its code; so error_code 40403 always
+// comes with a 404.
 type statusTransport struct{ next http.RoundTripper }
 
 func (t statusTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -267,7 +328,7 @@ func (t statusTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		Code    int    `json:"error_code"`
 		Message string `json:"message"`
 	}
-	if json.Unmarshal(body, &e) != nil || e.Code == 0 {
+	if json.Unmarshal(body, &e) != nil || e.Code != resp.StatusCode && e.Code/100 != resp.StatusCode {
 		e.Code = resp.StatusCode
 		if e.Message == "" {
 			e.Message = strings.TrimSpace(string(body[:min(len(body), 200)]))

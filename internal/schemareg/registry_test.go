@@ -4,7 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -228,24 +232,195 @@ func TestOutageIsNotPoison(t *testing.T) {
 	}
 }
 
-// TestNonJSONErrorBodies: a proxy's plain-text 404 still means "not
-// found", a plain-text 502 still means an outage.
+// TestNonJSONErrorBodies: only the registry's own "schema not found" (a
+// 404 whose JSON body has error_code 40403) says an id is unknown. A proxy's
+// HTML 404, a JSON 404 without that code (a registry's unknown endpoint),
+// the subject and version codes, or 40403 on another status are no answer
+// to a lookup by id: an outage. A reference (by subject and version) is
+// missing on the registry's 40401, 40402 or 40403 only.
 func TestNonJSONErrorBodies(t *testing.T) {
 	for _, tc := range []struct {
-		status   int
-		notFound bool
-	}{{404, true}, {502, false}, {401, false}} {
-		tr := statusTransport{next: roundTripFunc(func() (int, string) { return tc.status, "<html>nope</html>" })}
-		sc := schemaregistry.NewConfig("http://registry.invalid")
-		sc.MaxRetries, sc.HTTPClient = 0, &http.Client{Transport: tr}
-		client, err := schemaregistry.NewClient(sc)
+		name        string
+		status      int
+		body        string
+		notFound    bool
+		refNotFound bool
+		reason      string
+	}{
+		{"registry schema not found", 404, `{"error_code":40403,"message":"Schema 1 not found"}`, true, true, ""},
+		{"html 404", 404, "<html>nope</html>", false, false, reasonUnexpected},
+		{"plain-text 404", 404, "404 page not found", false, false, reasonUnexpected},
+		{"empty 404", 404, "", false, false, reasonUnexpected},
+		{"json 404 without a code", 404, `{"message":"no route"}`, false, false, reasonUnexpected},
+		{"registry unknown endpoint", 404, `{"error_code":404,"message":"HTTP 404 Not Found"}`, false, false, reasonUnexpected},
+		{"subject not found", 404, `{"error_code":40401,"message":"Subject not found"}`, false, true, reasonUnexpected},
+		{"version not found", 404, `{"error_code":40402,"message":"Version not found"}`, false, true, reasonUnexpected},
+		{"40403 on a 502", 502, `{"error_code":40403,"message":"Schema 1 not found"}`, false, false, reasonServerError},
+		{"html 502", 502, "<html>bad gateway</html>", false, false, reasonServerError},
+		{"html 401", 401, "<html>nope</html>", false, false, reasonRefused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := statusTransport{next: roundTripFunc(func() (int, string) { return tc.status, tc.body })}
+			sc := schemaregistry.NewConfig("http://registry.invalid")
+			sc.MaxRetries, sc.HTTPClient = 0, &http.Client{Transport: tr}
+			client, err := schemaregistry.NewClient(sc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = client.GetBySubjectAndID("", 1)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if got := isSchemaNotFound(err); got != tc.notFound {
+				t.Errorf("isSchemaNotFound(%v) = %v, want %v", err, got, tc.notFound)
+			}
+			if got := isReferenceNotFound(err); got != tc.refNotFound {
+				t.Errorf("isReferenceNotFound(%v) = %v, want %v", err, got, tc.refNotFound)
+			}
+			if !tc.notFound {
+				if got := errorReason(err); got != tc.reason {
+					t.Errorf("errorReason(%v) = %q, want %q", err, got, tc.reason)
+				}
+			}
+		})
+	}
+}
+
+// TestOnlyTheRegistrySaysNotFound: one HTTP server plays the registry
+// under /registry and an ingress's default backend (HTML 404) everywhere
+// else. Through the right URL an unknown id is poison; through a wrong path
+// prefix every lookup, of a known id or not, is an outage: Resolve fails
+// with ErrUnavailable, nothing is learned, nothing is poison, and the same
+// record decodes once the URL is right.
+func TestOnlyTheRegistrySaysNotFound(t *testing.T) {
+	reg := testenv.NewRegistry(t, "", "")
+	id := reg.Add("events-value", "JSON", eventJSONSchema)
+	target, err := url.Parse(reg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/registry/", http.StripPrefix("/registry", httputil.NewSingleHostReverseProxy(target)))
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, "<html><body><h1>404 Not Found</h1>default backend</body></html>")
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	doc, err := protojson.Marshal(sampleEvent(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := append(event.AppendFrame(nil, int32(id), nil), doc...)
+	unknown := append(event.AppendFrame(nil, 4242, nil), doc...)
+
+	wrong, m := newRegistry(t, srv.URL+"/wrong-prefix")
+	d := NewDecoder(wrong, event.FormatJSON, m)
+	for _, v := range [][]byte{known, unknown} {
+		learn, err := d.Resolve(context.Background(), [][]byte{v})
+		if !errors.Is(err, ErrUnavailable) || learn != nil {
+			t.Errorf("wrong path prefix: Resolve = %v, want ErrUnavailable", err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "check the path of schema_registry.url") {
+			t.Errorf("error does not say what to check: %v", err)
+		}
+		if !d.Missing(v) {
+			t.Error("a failed lookup was learned")
+		}
+	}
+	if n := testutil.ToFloat64(m.RegistryLookups.WithLabelValues("not_found")); n != 0 {
+		t.Errorf("not_found lookups = %v through a wrong path, want 0", n)
+	}
+	if n := testutil.ToFloat64(m.RegistryErrors.WithLabelValues(reasonUnexpected)); n != 2 {
+		t.Errorf("%s errors = %v, want 2", reasonUnexpected, n)
+	}
+
+	right, m := newRegistry(t, srv.URL+"/registry")
+	d = NewDecoder(right, event.FormatJSON, m)
+	if _, err := decode(t, d, known); err != nil {
+		t.Errorf("known id through the right path: %v", err)
+	}
+	if _, err := decode(t, d, unknown); !event.IsPoison(err) || !strings.Contains(err.Error(), "schema id 4242 not found") {
+		t.Errorf("unknown id through the right path: %v, want poison", err)
+	}
+}
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestUnknownIDForgotten: an unknown id is poison; once its schema is
+// registered, records with that id are still poison while the not-found
+// answer is remembered (no request per record), and decode after
+// notFoundTTL, on a partition that learned the answer and on one that
+// took it from the shared cache.
+func TestUnknownIDForgotten(t *testing.T) {
+	reg := testenv.NewRegistry(t, "", "")
+	r, m := newRegistry(t, reg.URL())
+	clock := &fakeClock{t: time.Date(2026, 12, 4, 6, 0, 0, 0, time.UTC)}
+	r.now = clock.Now
+	want := sampleEvent(5)
+	doc, err := protojson.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = 1 // the test registry's first id
+	value := append(event.AppendFrame(nil, id, nil), doc...)
+
+	d1 := NewDecoder(r, event.FormatJSON, m)
+	if _, err := decode(t, d1, value); !event.IsPoison(err) {
+		t.Fatalf("unknown id: %v, want poison", err)
+	}
+	clock.Add(notFoundTTL / 2)
+	d2 := NewDecoder(r, event.FormatJSON, m) // learns from the shared cache
+	if _, err := decode(t, d2, value); !event.IsPoison(err) {
+		t.Fatalf("unknown id on a second partition: %v, want poison", err)
+	}
+	if got := reg.Add("events-value", "JSON", eventJSONSchema); got != id {
+		t.Fatalf("registered as id %d, want %d", got, id)
+	}
+	clock.Add(notFoundTTL/2 - time.Millisecond)
+	for _, d := range []*Decoder{d1, d2} {
+		if _, err := decode(t, d, value); !event.IsPoison(err) {
+			t.Errorf("within %v of the answer: %v, want poison (remembered)", notFoundTTL, err)
+		}
+	}
+	if _, byID := reg.Requests(); byID != 1 {
+		t.Errorf("%d lookups by id within %v, want 1", byID, notFoundTTL)
+	}
+	clock.Add(time.Millisecond)
+	for i, d := range []*Decoder{d1, d2} {
+		rec, err := decode(t, d, value)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("decoder %d after %v: %v, want decoded", i+1, notFoundTTL, err)
 		}
-		_, err = client.GetBySubjectAndID("", 1)
-		if isNotFound(err) != tc.notFound {
-			t.Errorf("status %d: isNotFound(%v) = %v, want %v", tc.status, err, !tc.notFound, tc.notFound)
+		if !proto.Equal(rec.Event, want) {
+			t.Errorf("decoded %v, want %v", rec.Event, want)
 		}
+	}
+	if _, byID := reg.Requests(); byID != 2 {
+		t.Errorf("%d lookups by id, want 2 (one after the answer expired)", byID)
+	}
+	// Found schemas are kept for good.
+	clock.Add(24 * time.Hour)
+	if d1.Missing(value) {
+		t.Error("a found schema was forgotten")
 	}
 }
 
@@ -277,6 +452,26 @@ func TestBasicAuth(t *testing.T) {
 			}
 			if err != nil && strings.Contains(err.Error(), "s3cret") {
 				t.Errorf("error reveals the password: %v", err)
+			}
+		})
+	}
+}
+
+// TestCredentialsInTheURL: the URL's user information authenticates
+// decoded (a password with '@' or a space), and a token alone in it
+// (http://TOKEN@host) is sent as the basic-auth user with no password.
+func TestCredentialsInTheURL(t *testing.T) {
+	for _, tc := range []struct{ name, user, password, userinfo string }{
+		{"escaped password", "key", "p@ss w/rd", "key:p%40ss%20w%2Frd"},
+		{"token alone", "t0ken", "", "t0ken"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := testenv.NewRegistry(t, tc.user, tc.password)
+			id := reg.Add("events-value", "JSON", eventJSONSchema)
+			r, _ := newRegistry(t, "http://"+tc.userinfo+"@"+reg.Addr())
+			s, err := r.Lookup(context.Background(), int32(id))
+			if err != nil || s.NotFound || s.Type != TypeJSON {
+				t.Errorf("Lookup = %+v, %v", s, err)
 			}
 		})
 	}

@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"ratchet/config"
 	"ratchet/internal/cli"
+	"ratchet/internal/event"
+	"ratchet/internal/schemareg"
 	"ratchet/internal/testenv"
 )
 
@@ -278,4 +281,56 @@ postgres:
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
+
+// TestRegistryTokenRedacted runs `ratchet run` against a schema registry
+// that accepts a token alone in the URL's user information
+// (http://TOKEN@host, sent as the basic-auth user), applies framed records
+// and dead-letters one with an unknown schema id, and checks that the
+// token shows in no log line, page, probe or metric, while the URL is
+// logged with REDACTED in its place.
+func TestRegistryTokenRedacted(t *testing.T) {
+	const token = "t0ken-planted"
+	cluster, addr := testenv.Kafka(t, 2, topic)
+	dbURL := testenv.Postgres(t)
+	reg := testenv.NewRegistry(t, token, "")
+	regURL := "http://" + token + "@" + reg.Addr()
+	frame, id, err := schemareg.RegisterEvent(config.SchemaRegistry{URL: config.SecretURL(regURL)}, topic, event.FormatProtobuf)
+	if err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	const good = 50
+	var recs []record
+	for _, r := range encode(t, events(good), 0) {
+		recs = append(recs, record{key: r.key, value: append(append([]byte(nil), frame...), r.value...)})
+	}
+	payload := recs[0].value[len(frame):]
+	recs = append(recs, record{key: []byte("unknown-id"), value: append(event.AppendFrame(nil, int32(id)+100, []int{0}), payload...)})
+	produceAll(t, addr, nil, recs)
+
+	r := startCLI(t, []string{"run"}, []string{
+		"RATCHET_KAFKA_BROKERS=" + addr,
+		"RATCHET_KAFKA_GROUP_ID=ratchet-registry-token",
+		"RATCHET_POSTGRES_URL=" + dbURL,
+		"RATCHET_SCHEMA_REGISTRY_URL=" + regURL,
+		"RATCHET_HTTP_ADDR=127.0.0.1:0",
+		"RATCHET_LOG_LEVEL=debug",
+		"RATCHET_LOG_FORMAT=json",
+		"RATCHET_SHUTDOWN_TIMEOUT=10s",
+	})
+	web := "http://" + listenAddr(t, r)
+	waitApplied(t, openPool(t, dbURL), good)
+	waitDeadLettered(t, cluster, topic+".dlq", 1)
+	for _, path := range []string{"/", "/api/state", "/readyz", "/healthz", "/metrics"} {
+		assertNoSecret(t, "GET "+path, get(t, web+path), token)
+	}
+	if code := r.stop(t); code != cli.ExitOK {
+		t.Errorf("ratchet run exited with %d after a stop, want %d", code, cli.ExitOK)
+	}
+	logs := r.stderr.String()
+	if want := "http://REDACTED@" + reg.Addr(); !strings.Contains(logs, want) {
+		t.Errorf("logs do not show the registry URL as %s", want)
+	}
+	assertNoSecret(t, "logs", logs, token)
+	assertNoSecret(t, "stdout", r.stdout.String(), token)
 }
