@@ -67,11 +67,18 @@ func ParsePanicChoice(environ []string) (PanicChoice, []string, error) {
 	return c, rest, nil
 }
 
-// idHash is the hash both choices take modulo their number.
+// idHash is the hash both choices take modulo their number: FNV-1a,
+// mixed (splitmix64's finaliser) so that ids that differ in a digit or
+// two spread evenly over every modulus.
 func idHash(id string) uint64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(id))
-	return h.Sum64()
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // Chosen reports whether the record with event id id is panicked on once
