@@ -28,11 +28,11 @@ import (
 // panics once per process on the events RATCHET_CHAOS_PANIC_EVERY chooses
 // and at every attempt on those RATCHET_CHAOS_PANIC_ALWAYS chooses. Every
 // restart is a planned panic, logged and counted: one per process for an
-// event chosen once, several (retry.max_attempts - 1) before an event that
-// always panics is isolated, hence a restart budget of 100. No member
-// exits, ratchet_held_bytes returns to 0, every good event is counted
-// exactly once (exactly-once mode), and the dead-letter topic holds the
-// poison and the always-panicking records, nothing else; a dead letter is
+// event chosen once, four or five (about retry.max_attempts) before an
+// event that always panics is isolated, hence a restart budget of 100. No
+// member exits, ratchet_held_bytes returns to 0, every good event is
+// counted exactly once (exactly-once mode), and the dead-letter topic holds
+// the poison and the always-panicking records, nothing else; a dead letter is
 // written again only where a planned restart read its batch again.
 func TestPanickyProcessor(t *testing.T) {
 	const (
