@@ -18,6 +18,7 @@ import (
 
 	"ratchet/config"
 	"ratchet/internal/store"
+	"ratchet/processor"
 )
 
 // Exit codes.
@@ -39,6 +40,14 @@ type env struct {
 	environ []string
 	stdout  io.Writer
 	stderr  io.Writer
+	opts    Options
+}
+
+// Options change what the commands run; the zero value is ratchet as
+// shipped. (The chaos explorer's build of ratchet wraps the processor.)
+type Options struct {
+	// Processor, when set, replaces the built-in dashboard in `run`.
+	Processor processor.Processor
 }
 
 type command struct {
@@ -63,6 +72,11 @@ func commands() []command {
 // Main runs the command in args under SIGINT/SIGTERM and returns the exit
 // code. A second signal exits at once.
 func Main(args, environ []string, stdout, stderr io.Writer) int {
+	return MainWith(args, environ, stdout, stderr, Options{})
+}
+
+// MainWith is Main with options.
+func MainWith(args, environ []string, stdout, stderr io.Writer, o Options) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	go func() {
@@ -76,12 +90,16 @@ func Main(args, environ []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ratchet: second signal, exiting now")
 		os.Exit(ExitError)
 	}()
-	return Run(ctx, args, environ, stdout, stderr)
+	return run(ctx, args, environ, stdout, stderr, o)
 }
 
 // Run runs the command in args until ctx is done and returns the exit code.
 func Run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	e := &env{environ: environ, stdout: stdout, stderr: stderr}
+	return run(ctx, args, environ, stdout, stderr, Options{})
+}
+
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer, o Options) int {
+	e := &env{environ: environ, stdout: stdout, stderr: stderr, opts: o}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		printUsage(stderr)
 		if len(args) == 0 {

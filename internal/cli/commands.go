@@ -34,13 +34,13 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := engine.Check(cfg, engine.Options{}); err != nil {
+	if err := engine.Check(cfg, engine.Options{Processor: e.opts.Processor}); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, cfg, false)
 	setMemoryLimit(e, cfg, log)
 	log.Info("ratchet starting", "version", version(), "config", cfg)
-	return engine.Run(ctx, cfg, engine.Options{Logger: log})
+	return engine.Run(ctx, cfg, engine.Options{Logger: log, Processor: e.opts.Processor})
 }
 
 func devCmd(ctx context.Context, e *env, args []string) error {
