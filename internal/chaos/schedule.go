@@ -133,6 +133,11 @@ type Schedule struct {
 	Partitions int32
 	Rate       int // events per second
 	Poison     float64
+	// PanicEvery, when not 0, makes every member's processor panic once
+	// per process on about one event in PanicEvery (the chaos build,
+	// RATCHET_CHAOS_PANIC_EVERY): each panic is a supervised restart that
+	// applies the batch again.
+	PanicEvery int
 	// Registry: the topic is in the Schema Registry's wire format (magic
 	// byte, schema id) and the members decode it through a registry.
 	Registry bool
@@ -178,6 +183,9 @@ func (s Schedule) String() string {
 	}
 	fmt.Fprintf(&b, "seed %d: %s, %d partitions, %s, %d events/s for %s, %.0f%% poison, session timeout %s, shutdown timeout %s\n",
 		s.Seed, s.Mode, s.Partitions, format, s.Rate, s.Load, s.Poison*100, s.SessionTimeout, s.ShutdownTimeout)
+	if s.PanicEvery > 0 {
+		fmt.Fprintf(&b, "  the processor panics once per process on one event in %d\n", s.PanicEvery)
+	}
 	for i, m := range s.Members {
 		kind := "dynamic"
 		if m.Static {
@@ -317,6 +325,10 @@ func Plan(seed uint64, load time.Duration) Schedule {
 	}
 	if !scaledUp {
 		s.Members = s.Members[:startMembers]
+	}
+	// Drawn last, so that adding it kept the faults of every seed.
+	if rng.IntN(3) == 0 {
+		s.PanicEvery = 2000 + 1000*rng.IntN(4)
 	}
 	return s
 }

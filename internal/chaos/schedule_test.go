@@ -103,6 +103,15 @@ func TestPlanKeepsItsRules(t *testing.T) {
 	if modes[ExactlyOnce] == 0 || modes[AtLeastOnce] == 0 {
 		t.Errorf("modes drawn: %v, want both", modes)
 	}
+	panics := 0
+	for seed := range uint64(500) {
+		if Plan(seed, load).PanicEvery > 0 {
+			panics++
+		}
+	}
+	if panics == 0 || panics == 500 {
+		t.Errorf("%d of 500 runs with panics, want some", panics)
+	}
 	if static == 0 || dynamic == 0 {
 		t.Errorf("members drawn: %d static, %d dynamic, want both", static, dynamic)
 	}

@@ -97,7 +97,9 @@ func seeds(t *testing.T) ([]uint64, time.Duration) {
 
 func TestExplore(t *testing.T) {
 	list, load := seeds(t)
-	bin := testenv.BuildRatchet(t, "")
+	// The chaos build is `ratchet` itself unless RATCHET_CHAOS_* asks its
+	// processor to panic (internal/chaos/panic.go).
+	bin := testenv.BuildPanicky(t, "")
 	for _, seed := range list {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			explore(t, bin, chaos.Plan(seed, load))
@@ -269,6 +271,11 @@ func (r *run) env(m *member) []string {
 	}
 	if r.registry != nil {
 		env = append(env, "RATCHET_SCHEMA_REGISTRY_URL="+r.registry.URL())
+	}
+	if r.s.PanicEvery > 0 {
+		// Room for the planned panics in the restart budget: a run of
+		// them must not make the member give up (exit 1, as documented).
+		env = append(env, fmt.Sprintf("%s=%d", chaos.EnvPanicEvery, r.s.PanicEvery), "RATCHET_SUPERVISION_MAX_RESTARTS=100")
 	}
 	return env
 }
