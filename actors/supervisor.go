@@ -152,6 +152,7 @@ type Supervisor struct {
 	// unclaimed holds the assigned partitions whose claim failed; they are
 	// paused and retried (claims.go).
 	unclaimed map[TopicPartition]*unclaimed
+	clock     stopClock // when the engine's stop was requested (stop.go)
 }
 
 // assigned is the poll loop's record of one assigned partition.
@@ -229,7 +230,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("spawn supervisor: %w", err)
 	}
 	s.pid = pid
-	defer func() { _ = s.system.Root.StopFuture(pid).Wait() }()
+	defer s.stopActor(pid)
+	defer context.AfterFunc(ctx, func() { s.clock.mark() })()
 	s.cfg.Metrics.BudgetBytes.Set(float64(s.budget.Limit()))
 
 	for {
@@ -248,6 +250,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		// then the instance has not joined the group.
 		rebuild, runErr := s.poll(ctx)
 		began := time.Now()
+		if ctx.Err() != nil {
+			began = s.clock.mark() // the signal, not the moment the loop noticed
+		}
 		if rebuild == "" {
 			s.board.phase.Store(int32(PhaseDraining))
 		} else {
