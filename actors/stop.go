@@ -82,6 +82,11 @@ var errStopDeadline = errors.New("stop deadline reached")
 // requested meanwhile brings the deadline forward. It reports whether done
 // came. A nil done just waits.
 func (s *Supervisor) await(done <-chan struct{}, deadline time.Time, keep time.Duration) bool {
+	select {
+	case <-done:
+		return true // also when the deadline has passed already
+	default:
+	}
 	asked := s.clock.asked()
 	for {
 		t := time.NewTimer(time.Until(s.by(deadline, keep)))
@@ -157,6 +162,7 @@ func (s *Supervisor) stop(began time.Time) {
 		clear(s.parked)
 		clear(s.returned)
 		clear(s.unclaimed) // the next consumer, if any, starts afresh
+		clear(s.abandoned)
 		s.publishUnclaimed()
 	}()
 	tps := s.heldTPs()
@@ -408,6 +414,13 @@ func (s *Supervisor) abandon(tps []TopicPartition) {
 		if next < 0 || next <= committed {
 			continue
 		}
+		if at, ok := s.abandoned[tp]; ok && at == next {
+			continue // reported already (a stop, then the revoke inside its Close)
+		}
+		if s.abandoned == nil {
+			s.abandoned = make(map[TopicPartition]int64)
+		}
+		s.abandoned[tp] = next
 		records := next - max(committed, 0)
 		s.cfg.Metrics.CommitsAbandoned.WithLabelValues(tp.Topic).Inc()
 		s.cfg.Metrics.UncommittedRecords.WithLabelValues(tp.Topic).Add(float64(records))
@@ -449,7 +462,7 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }() // ends with the futures
-	if !s.await(done, until, stopReserve(s.cfg.DrainTimeout)/2) {
+	if !s.await(done, until, stopReserve(s.cfg.DrainTimeout)/2) && len(stopped) > 0 {
 		s.cfg.Logger.Warn("partition actors still stopping at the deadline; going on without them", "partitions", len(stopped))
 	}
 	if !remember {

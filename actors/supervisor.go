@@ -153,6 +153,10 @@ type Supervisor struct {
 	// paused and retried (claims.go).
 	unclaimed map[TopicPartition]*unclaimed
 	clock     stopClock // when the engine's stop was requested (stop.go)
+	// abandoned is the watermark each partition was last given up at
+	// (abandon): a stop that abandons, and the revoke inside its Close
+	// that finds the same commit impossible, report it once.
+	abandoned map[TopicPartition]int64
 }
 
 // assigned is the poll loop's record of one assigned partition.
