@@ -320,7 +320,8 @@ func (s *Supervisor) commitBeforeLeaving() {
 			err  error
 			done = make(chan struct{})
 		)
-		deadline := s.deadline // the goroutine may outlive this step; stop moves s.deadline on
+		// The goroutine may outlive this step, and stop moves s.deadline on.
+		deadline := s.deadline
 		go func() { res, err = s.flush(tps, false, deadline); close(done) }() // ends by the deadline
 		answered := s.pollUntil(s.deadline, func() bool {
 			select {
