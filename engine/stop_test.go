@@ -1,9 +1,13 @@
 package engine_test
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -13,6 +17,7 @@ import (
 
 	"ratchet/config"
 	"ratchet/internal/testenv"
+	"ratchet/processor"
 )
 
 // givenUpLine is the error line abandon writes per partition in
@@ -147,4 +152,57 @@ func TestLostAssignmentReportsWhatItGivesUp(t *testing.T) {
 	}, "the assignment is lost")
 	assertGivenUp(t, logs, reg, partitions, perPartition)
 	e.Stop(t)
+}
+
+// deafProcessor holds every batch of partition 0, inside its transaction,
+// until release is closed, whatever its context says: a processor that
+// ignores cancellation.
+type deafProcessor struct {
+	release chan struct{}
+	holding chan struct{} // closed once a batch is held
+	once    sync.Once
+}
+
+func (*deafProcessor) Name() string { return "deaf" }
+
+func (d *deafProcessor) Process(_ context.Context, _ pgx.Tx, b processor.Batch) error {
+	if b.Partition == 0 {
+		d.once.Do(func() { close(d.holding) })
+		<-d.release
+	}
+	return nil
+}
+
+// TestStopEndsInTimeWhenAProcessorIgnoresItsContext stops an exactly-once
+// engine while partition 0's batch sits in a processor that ignores its
+// context: the partition actor cannot stop, and its transaction keeps a
+// pool connection. The stop must still end within shutdown.timeout: the
+// drain, the actors' stop and the pool's close are each bounded by what is
+// left of it.
+func TestStopEndsInTimeWhenAProcessorIgnoresItsContext(t *testing.T) {
+	const shutdown = 4 * time.Second
+	_, addr := testenv.Kafka(t, 2, topic)
+	dbURL := testenv.Postgres(t)
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Shutdown.Timeout = shutdown
+	d := &deafProcessor{release: make(chan struct{}), holding: make(chan struct{})}
+	t.Cleanup(func() { close(d.release) }) // before the database is dropped
+	produceBacklog(t, addr, 2, 20, 10)
+
+	e := start(t, cfg, d, "deaf")
+	select {
+	case <-d.holding:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no batch of partition 0 reached the processor")
+	}
+	began := time.Now()
+	e.Cancel()
+	if err := e.Wait(t, shutdown+30*time.Second); err != nil {
+		t.Errorf("engine stopped with error: %v", err)
+	}
+	took := time.Since(began)
+	t.Logf("stopped %s after the request, shutdown.timeout %s", took.Round(time.Millisecond), shutdown)
+	if took > shutdown+250*time.Millisecond {
+		t.Errorf("the stop took %s, shutdown.timeout is %s", took.Round(time.Millisecond), shutdown)
+	}
 }
