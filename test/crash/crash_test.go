@@ -65,6 +65,9 @@ func logDir(tb testing.TB) string {
 	}
 	logDirs[tb.Name()] = d
 	tb.Cleanup(func() {
+		logDirsMu.Lock()
+		delete(logDirs, tb.Name()) // a rerun (-count) gets a directory of its own
+		logDirsMu.Unlock()
 		if tb.Failed() {
 			out, _ := exec.Command("bash", "-c", "tail -n 15 "+d+"/*.log | cut -c1-400").CombinedOutput()
 			tb.Logf("instance logs:\n%s", out)
