@@ -121,7 +121,7 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 	if len(parts) > 0 {
 		q := make([]kafka.TopicPartition, len(parts))
 		copy(q, parts)
-		res, err := c.Committed(q, int(s.cfg.DrainTimeout/time.Millisecond))
+		res, err := c.Committed(q, int(leftOf(ctx)/time.Millisecond))
 		if err != nil {
 			s.cfg.Logger.Warn("read committed offsets", "err", err)
 		}
@@ -131,7 +131,7 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 			}
 		}
 	}
-	marks := queryWatermarks(c, parts, s.cfg.DrainTimeout)
+	marks := queryWatermarks(c, parts, leftOf(ctx))
 	claims := s.claimAll(ctx, parts, committed, marks)
 	for i, p := range parts {
 		low, high, err := marks[i].low, marks[i].high, marks[i].err

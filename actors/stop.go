@@ -134,6 +134,15 @@ func (s *Supervisor) claimCtx() (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
+// leftOf is what is left of ctx's deadline (claimCtx), at least a
+// millisecond: the timeout of a blocking client call made under it.
+func leftOf(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return time.Minute
+}
+
 // stopActor stops the supervisor actor (and so what is left of its
 // children), waiting for it no longer than the stop's end allows.
 func (s *Supervisor) stopActor(pid *actor.PID) {
