@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -107,7 +106,7 @@ func (s *Supervisor) retryClaims() {
 	if len(due) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	ctx, cancel := s.claimCtx()
 	defer cancel()
 	starts := s.startOffsets(ctx, s.consumer, due)
 	for i, p := range due {

@@ -63,7 +63,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.commitHeld()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	ctx, cancel := s.claimCtx()
 	defer cancel()
 	starts := s.startOffsets(ctx, c, parts)
 	list := make([]kafka.TopicPartition, 0, len(parts))
@@ -137,9 +137,9 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 	}
 	q := make([]kafka.TopicPartition, len(parts))
 	copy(q, parts)
-	res, err := c.Committed(q, int(s.cfg.DrainTimeout/time.Millisecond))
+	res, err := c.Committed(q, int(leftOf(ctx)/time.Millisecond))
 	committed, errs := committedOffsets(parts, res, err)
-	marks := queryWatermarks(c, parts, s.cfg.DrainTimeout)
+	marks := queryWatermarks(c, parts, leftOf(ctx))
 	for i := range parts {
 		if errs[i] == nil && marks[i].err != nil {
 			errs[i] = fmt.Errorf("query watermarks: %w", marks[i].err)
@@ -254,15 +254,21 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		tps = append(tps, tp)
 	}
 	if lost {
-		// Another member may own these already: commit nothing.
+		// Another member may own these already: commit nothing. What was
+		// applied and not committed is given up, loudly (abandon).
 		s.cfg.Logger.Warn("assignment lost; stopping partitions without committing", "partitions", len(tps))
 		s.system.Root.Send(s.cfg.Committer, &Forget{TPs: tps})
+		s.abandon(tps)
 		s.stopPartitions(tps, s.cfg.Claim == nil)
 	} else {
-		deadline := time.Now().Add(s.cfg.DrainTimeout)
+		// Bounded by the stop's deadline too, also when the stop is
+		// requested during this callback (by).
+		deadline := s.by(time.Now().Add(s.cfg.DrainTimeout), stopReserve(s.cfg.DrainTimeout))
 		if s.stopping && s.deadline.Before(deadline) {
 			deadline = s.deadline
 		}
+		s.cfg.Logger.Info("partitions revoked: draining and committing", "partitions", len(tps),
+			"deadline", time.Until(deadline).Round(time.Millisecond).String())
 		s.drain(tps, deadline, false)
 		s.commitRevoked(tps, deadline)
 		s.stopPartitions(tps, false)
@@ -293,13 +299,16 @@ func (s *Supervisor) commitRevoked(tps []TopicPartition, deadline time.Time) {
 			err = f.Err
 		}
 		wait := min(s.cfg.Retry.Backoff(attempt), 500*time.Millisecond)
+		deadline = s.by(deadline, stopReserve(s.cfg.DrainTimeout))
 		if reason == "group_unknown_member" || reason == "group_generation" || time.Now().Add(wait).After(deadline) {
 			s.cfg.Logger.Warn("revoked partitions' offsets not committed", "partitions", len(tps), "reason", reason, "err", err)
 			s.abandon(tps)
 			break
 		}
 		s.cfg.Logger.Info("commit of revoked partitions refused; retrying", "partitions", len(tps), "reason", reason, "err", err)
-		time.Sleep(wait) // inside the rebalance callback: nothing else may run on this goroutine meanwhile
+		// Inside the rebalance callback nothing else may run on this
+		// goroutine meanwhile; a stop requested now cuts the pause short.
+		s.await(nil, time.Now().Add(wait), stopReserve(s.cfg.DrainTimeout))
 	}
 	s.system.Root.Send(s.cfg.Committer, &Forget{TPs: tps})
 }
@@ -331,7 +340,7 @@ func (s *Supervisor) park(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	if len(back) == 0 {
 		return
 	}
-	res, err := c.Committed(back, int(max(time.Until(s.deadline), time.Second)/time.Millisecond))
+	res, err := c.Committed(back, int(max(time.Until(s.deadline), time.Millisecond)/time.Millisecond))
 	if err != nil {
 		return
 	}

@@ -1,10 +1,13 @@
 package actors
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"ratchet/internal/metrics"
@@ -18,6 +21,137 @@ func stopReserve(budget time.Duration) time.Duration {
 	return min(max(budget/5, 500*time.Millisecond), 5*time.Second)
 }
 
+// stopClock records when the engine's stop was requested: the moment Run's
+// context ended (the signal), whatever the poll loop was doing then (inside
+// Poll serving a revoke, in an assign's claims). Every wait on the way out
+// counts from that moment, not from when the loop notices.
+type stopClock struct {
+	mu sync.Mutex
+	at time.Time
+	ch chan struct{} // closed at the request
+}
+
+// mark records the request (the first call only) and returns its time.
+func (c *stopClock) mark() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() {
+		c.at = time.Now()
+		close(c.asked0())
+	}
+	return c.at
+}
+
+// when returns the time of the request; zero before it.
+func (c *stopClock) when() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.at
+}
+
+// asked is closed when the stop is requested.
+func (c *stopClock) asked() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.asked0()
+}
+
+func (c *stopClock) asked0() chan struct{} {
+	if c.ch == nil {
+		c.ch = make(chan struct{})
+	}
+	return c.ch
+}
+
+// by returns deadline, or, once the engine's stop was requested, the moment
+// keep before the stop's end (request + DrainTimeout) when that comes
+// first. keep is what the steps after the wait still need: stopReserve for
+// the drain and the commits, half of it for Close.
+func (s *Supervisor) by(deadline time.Time, keep time.Duration) time.Time {
+	at := s.clock.when()
+	if at.IsZero() {
+		return deadline
+	}
+	return minTime(deadline, at.Add(s.cfg.DrainTimeout-keep))
+}
+
+// errStopDeadline ends a wait cut short by the stop's deadline.
+var errStopDeadline = errors.New("stop deadline reached")
+
+// await waits for done until deadline (by) with keep kept: a stop
+// requested meanwhile brings the deadline forward. It reports whether done
+// came. A nil done just waits.
+func (s *Supervisor) await(done <-chan struct{}, deadline time.Time, keep time.Duration) bool {
+	select {
+	case <-done:
+		return true // also when the deadline has passed already
+	default:
+	}
+	asked := s.clock.asked()
+	for {
+		t := time.NewTimer(time.Until(s.by(deadline, keep)))
+		select {
+		case <-done:
+			t.Stop()
+			return true
+		case <-t.C:
+			select {
+			case <-done:
+				return true
+			default:
+				return false
+			}
+		case <-asked:
+			t.Stop()
+			asked = nil // the deadline may have come forward; once is enough
+		}
+	}
+}
+
+// claimCtx bounds the claims and position lookups of an assignment: they
+// end after DrainTimeout, or at the stop's drain deadline once the
+// engine's stop is requested, also during them (a claim waiting on a row
+// lock must not hold the stop). A claim cut short leaves its partition
+// held and retried, never placed by default.
+func (s *Supervisor) claimCtx() (context.Context, context.CancelFunc) {
+	keep := stopReserve(s.cfg.DrainTimeout)
+	deadline := time.Now().Add(s.cfg.DrainTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), s.by(deadline, keep))
+	asked := s.clock.asked()
+	go func() { // ends with ctx
+		select {
+		case <-ctx.Done():
+		case <-asked:
+			t := time.NewTimer(time.Until(s.by(deadline, keep)))
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+				cancel()
+			}
+		}
+	}()
+	return ctx, cancel
+}
+
+// leftOf is what is left of ctx's deadline (claimCtx), at least a
+// millisecond: the timeout of a blocking client call made under it.
+func leftOf(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return time.Minute
+}
+
+// stopActor stops the supervisor actor (and so what is left of its
+// children), waiting for it no longer than the stop's end allows.
+func (s *Supervisor) stopActor(pid *actor.PID) {
+	f := s.system.Root.StopFuture(pid)
+	done := make(chan struct{})
+	go func() { _ = f.Wait(); close(done) }() // ends by the future's own timeout
+	s.await(done, time.Now().Add(10*time.Second), stopReserve(s.cfg.DrainTimeout)/4)
+}
+
 // stop is the graceful end of a consumer, for a stop of the engine or a
 // rebuild of the consumer. It keeps serving the group protocol throughout
 // (group.go explains why): every partition is paused and what is fetched
@@ -25,16 +159,19 @@ func stopReserve(budget time.Duration) time.Duration {
 // loop polls, then the applied watermarks are committed, again while
 // polling, and a commit the group refuses is made again at the next
 // rebalance callback. Only the deadline abandons a commit. The consumer is
-// closed last, within what is left of the budget.
+// closed last, within what is left of the budget. began is when the stop
+// was requested (the signal, for the engine's stop); a stop requested
+// during a rebuild's brings every deadline forward (by).
 func (s *Supervisor) stop(began time.Time) {
 	reserve := stopReserve(s.cfg.DrainTimeout)
 	s.stopping, s.leftCommitted = true, false
-	s.deadline = began.Add(s.cfg.DrainTimeout - reserve)
+	s.deadline = s.by(began.Add(s.cfg.DrainTimeout-reserve), reserve)
 	defer func() {
 		s.stopping, s.deadline = false, time.Time{}
 		clear(s.parked)
 		clear(s.returned)
 		clear(s.unclaimed) // the next consumer, if any, starts afresh
+		clear(s.abandoned)
 		s.publishUnclaimed()
 	}()
 	tps := s.heldTPs()
@@ -44,10 +181,15 @@ func (s *Supervisor) stop(began time.Time) {
 	s.commitBeforeLeaving()
 	// Close runs the revoke callback once more; it finds everything drained
 	// and committed, and may use the time Close has.
-	s.deadline = began.Add(s.cfg.DrainTimeout - reserve/2)
+	s.deadline = s.by(began.Add(s.cfg.DrainTimeout-reserve/2), reserve/2)
 	s.leave()
 	s.closeConsumer(s.deadline)
-	s.stopPartitions(s.heldTPs(), false)
+	// The committer forgets every partition of this consumer: a commit of
+	// one of them through the next consumer (after a rebuild) could move
+	// the offset of a partition another member owns by then.
+	held := s.heldTPs()
+	s.stopPartitions(held, false)
+	s.system.Root.Send(s.cfg.Committer, &Forget{TPs: held})
 }
 
 // heldTPs lists the partitions whose applied watermarks are this
@@ -96,7 +238,7 @@ func (s *Supervisor) drain(tps []TopicPartition, deadline time.Time, polling boo
 		if !ok {
 			continue
 		}
-		f := s.system.Root.RequestFuture(a.pid, &Drain{}, max(time.Until(deadline), time.Millisecond))
+		f := s.system.Root.RequestFuture(a.pid, &Drain{}, max(time.Until(s.by(deadline, stopReserve(s.cfg.DrainTimeout))), time.Millisecond))
 		wg.Go(func() { // ends when the future completes (answer or timeout)
 			res, err := f.Result()
 			if err != nil {
@@ -108,12 +250,14 @@ func (s *Supervisor) drain(tps []TopicPartition, deadline time.Time, polling boo
 			}
 		})
 	}
-	if !polling {
-		wg.Wait()
-		return
-	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }() // ends with the futures, which end by the deadline
+	if !polling {
+		// In a rebalance callback: a stop requested meanwhile brings the
+		// deadline forward (the futures left behind end by theirs).
+		s.await(done, deadline, stopReserve(s.cfg.DrainTimeout))
+		return
+	}
 	s.pollUntil(deadline, func() bool {
 		select {
 		case <-done:
@@ -125,10 +269,21 @@ func (s *Supervisor) drain(tps []TopicPartition, deadline time.Time, polling boo
 }
 
 // flush asks the committer to commit tps synchronously and waits for the
-// answer until deadline.
+// answer until deadline, or the stop's (by), whichever comes first: the
+// committer may be inside a commit to a broker that does not answer.
 func (s *Supervisor) flush(tps []TopicPartition, forget bool, deadline time.Time) (*Flushed, error) {
-	res, err := s.system.Root.RequestFuture(s.cfg.Committer, &Flush{TPs: tps, Forget: forget},
-		max(time.Until(deadline), time.Millisecond)).Result()
+	keep := stopReserve(s.cfg.DrainTimeout)
+	f := s.system.Root.RequestFuture(s.cfg.Committer, &Flush{TPs: tps, Forget: forget},
+		max(time.Until(s.by(deadline, keep)), time.Millisecond))
+	var (
+		res  any
+		err  error
+		done = make(chan struct{})
+	)
+	go func() { res, err = f.Result(); close(done) }() // ends when the future does: by its timeout
+	if !s.await(done, deadline, keep) {
+		return nil, fmt.Errorf("flush offsets: %w", errStopDeadline)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("flush offsets: %w", err)
 	}
@@ -174,7 +329,9 @@ func (s *Supervisor) commitBeforeLeaving() {
 			err  error
 			done = make(chan struct{})
 		)
-		go func() { res, err = s.flush(tps, false, s.deadline); close(done) }() // ends by the deadline
+		// The goroutine may outlive this step, and stop moves s.deadline on.
+		deadline := s.deadline
+		go func() { res, err = s.flush(tps, false, deadline); close(done) }() // ends by the deadline
 		answered := s.pollUntil(s.deadline, func() bool {
 			select {
 			case <-done:
@@ -246,7 +403,7 @@ func (s *Supervisor) pollUntil(deadline time.Time, done func() bool) bool {
 		if done() {
 			return true
 		}
-		left := time.Until(deadline)
+		left := time.Until(s.by(deadline, stopReserve(s.cfg.DrainTimeout)))
 		if left <= 0 || s.consumer == nil {
 			return false
 		}
@@ -268,6 +425,13 @@ func (s *Supervisor) abandon(tps []TopicPartition) {
 		if next < 0 || next <= committed {
 			continue
 		}
+		if at, ok := s.abandoned[tp]; ok && at == next {
+			continue // reported already (a stop, then the revoke inside its Close)
+		}
+		if s.abandoned == nil {
+			s.abandoned = make(map[TopicPartition]int64)
+		}
+		s.abandoned[tp] = next
 		records := next - max(committed, 0)
 		s.cfg.Metrics.CommitsAbandoned.WithLabelValues(tp.Topic).Inc()
 		s.cfg.Metrics.UncommittedRecords.WithLabelValues(tp.Topic).Add(float64(records))
@@ -285,8 +449,11 @@ func (s *Supervisor) abandon(tps []TopicPartition) {
 
 // stopPartitions stops the actors of tps and forgets them. With remember
 // (at-least-once, assignment lost) their applied watermarks are kept in
-// case the partitions come back.
+// case the partitions come back. It waits for the actors to stop (a
+// processor that ignores its context can hold one) for DrainTimeout at
+// most, and no longer than the stop's Close phase allows.
 func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
+	until := time.Now().Add(s.cfg.DrainTimeout)
 	var wg sync.WaitGroup
 	stopped := make([]*assigned, 0, len(tps))
 	for _, tp := range tps {
@@ -301,9 +468,14 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 		s.cfg.Metrics.Lag.DeleteLabelValues(tp.Topic, metrics.Partition(tp.Partition))
 		delete(s.parts, tp)
 		stopped = append(stopped, a)
-		wg.Go(func() { _ = s.system.Root.StopFuture(a.pid).Wait() })
+		f := s.system.Root.StopFuture(a.pid)
+		wg.Go(func() { _ = f.Wait() }) // ends by the future's own timeout
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }() // ends with the futures
+	if !s.await(done, until, stopReserve(s.cfg.DrainTimeout)/2) && len(stopped) > 0 {
+		s.cfg.Logger.Warn("partition actors still stopping at the deadline; going on without them", "partitions", len(stopped))
+	}
 	if !remember {
 		return
 	}
@@ -314,28 +486,32 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 	}
 }
 
-// closeConsumer closes the consumer, giving up at deadline: Close blocks
-// forever after some fatal errors (PITFALLS A6). Close runs the rebalance
-// callback (revoke) on this goroutine; the partitions are drained and
-// committed by then, so it only unassigns.
+// closeConsumer closes the consumer, giving up at deadline (brought
+// forward by a stop requested meanwhile): Close blocks forever after some
+// fatal errors (PITFALLS A6). Close runs the rebalance callback (revoke) on
+// its goroutine; the partitions are drained and committed by then, so it
+// only unassigns. The idle check's metadata request must end before Close
+// (the handle is destroyed under it); it waits on Close's goroutine, inside
+// the same deadline.
 func (s *Supervisor) closeConsumer(deadline time.Time) {
 	c := s.consumer
 	if c == nil {
 		return
 	}
-	s.groupCheck.Wait()
-	timeout := max(time.Until(deadline), 100*time.Millisecond)
-	done := make(chan error, 1)
-	go func() { done <- c.Close() }() // ends when Close returns; abandoned on timeout
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case err := <-done:
+	keep := stopReserve(s.cfg.DrainTimeout) / 2
+	if s.clock.when().IsZero() {
+		deadline = maxTime(deadline, time.Now().Add(100*time.Millisecond)) // a rebuild: Close gets a moment at least
+	}
+	var err error
+	done := make(chan struct{})
+	go func() { s.groupCheck.Wait(); err = c.Close(); close(done) }() // ends when Close returns; abandoned on timeout
+	began := time.Now()
+	if s.await(done, deadline, keep) {
 		if err != nil {
 			s.cfg.Logger.Warn("close consumer", "err", err)
 		}
-	case <-t.C:
-		s.cfg.Logger.Error("close consumer timed out; abandoning it", "timeout", timeout.Round(time.Millisecond).String())
+	} else {
+		s.cfg.Logger.Error("close consumer timed out; abandoning it", "timeout", time.Since(began).Round(time.Millisecond).String())
 	}
 	// A callback still running inside the abandoned Close ends by the
 	// stop's deadline; after this, callbacks of c touch nothing.
@@ -344,6 +520,13 @@ func (s *Supervisor) closeConsumer(deadline time.Time) {
 	s.callbacks.Unlock()
 	s.consumer = nil
 	s.cfg.OnConsumer(nil)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func minTime(a, b time.Time) time.Time {

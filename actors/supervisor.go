@@ -155,6 +155,11 @@ type Supervisor struct {
 	// unclaimed holds the assigned partitions whose claim failed; they are
 	// paused and retried (claims.go).
 	unclaimed map[TopicPartition]*unclaimed
+	clock     stopClock // when the engine's stop was requested (stop.go)
+	// abandoned is the watermark each partition was last given up at
+	// (abandon): a stop that abandons, and the revoke inside its Close
+	// that finds the same commit impossible, report it once.
+	abandoned map[TopicPartition]int64
 }
 
 // assigned is the poll loop's record of one assigned partition.
@@ -232,7 +237,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fmt.Errorf("spawn supervisor: %w", err)
 	}
 	s.pid = pid
-	defer func() { _ = s.system.Root.StopFuture(pid).Wait() }()
+	defer s.stopActor(pid)
+	defer context.AfterFunc(ctx, func() { s.clock.mark() })()
 	s.cfg.Metrics.BudgetBytes.Set(float64(s.budget.Limit()))
 
 	for {
@@ -251,6 +257,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		// then the instance has not joined the group.
 		rebuild, runErr := s.poll(ctx)
 		began := time.Now()
+		if ctx.Err() != nil {
+			began = s.clock.mark() // the signal, not the moment the loop noticed
+		}
 		if rebuild == "" {
 			s.board.phase.Store(int32(PhaseDraining))
 		} else {

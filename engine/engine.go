@@ -167,7 +167,12 @@ func (e *engine) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer func() { pool.Close() }() // the pool in use at return (see the resize below)
+	// The pool in use at return (see the resize below). Close waits for
+	// every connection to come back; one still held by a batch that
+	// ignores its context must not hold the exit past the stop's deadline
+	// (closeBy, set below once the deadline is known).
+	closeBy := func() time.Time { return time.Now().Add(cfg.Shutdown.Timeout) }
+	defer func() { awaitDone(pool.Close, closeBy()) }()
 	exactlyOnce := cfg.Commit.Mode == config.ModeExactlyOnce
 	e.log.Info("engine starting", "owner", e.opts.Owner, "group", cfg.Kafka.GroupID,
 		"topics", cfg.Kafka.Topics, "mode", cfg.Commit.Mode, "processor", e.opts.Processor.Name(),
@@ -194,6 +199,7 @@ func (e *engine) run(ctx context.Context) error {
 		}
 		return time.Now().Add(cfg.Shutdown.Timeout)
 	}
+	closeBy = flushBy
 	var consumer atomic.Pointer[kafka.Consumer]
 	committer, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewCommitter(actors.CommitterConfig{
 		Kafka: func() actors.OffsetCommitter {
@@ -348,8 +354,14 @@ func (e *engine) run(ctx context.Context) error {
 // that the stop already gave up on, waiting out socket.timeout.ms) must not
 // hold the process past shutdown.timeout. The process exits right after.
 func awaitStopped(f *actor.Future, by time.Time) {
+	awaitDone(func() { _ = f.Wait() }, by) // the future completes in 10 s at most
+}
+
+// awaitDone runs fn on a goroutine of its own and waits for it until by;
+// fn is abandoned then (the process exits right after).
+func awaitDone(fn func(), by time.Time) {
 	done := make(chan struct{})
-	go func() { _ = f.Wait(); close(done) }() // ends when the future completes: 10 s at most
+	go func() { fn(); close(done) }() // ends when fn returns
 	t := time.NewTimer(time.Until(by))
 	defer t.Stop()
 	select {

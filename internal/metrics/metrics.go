@@ -137,11 +137,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Assigned partitions held paused because their start could not be read (committed offset, log bounds) or claimed in the offset store; retried with backoff."}),
 		CommitsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_commits_abandoned_total",
-			Help: "Partitions whose applied offsets were left uncommitted in Kafka at a stop or revoke deadline."},
+			Help: "Partitions whose applied offsets were left uncommitted in Kafka at a stop or revoke deadline, or by a lost assignment."},
 			[]string{"topic"}),
 		UncommittedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_uncommitted_records_total",
-			Help: "Applied records whose offsets were left uncommitted in Kafka at a stop or revoke deadline."},
+			Help: "Applied records whose offsets were left uncommitted in Kafka at a stop or revoke deadline, or by a lost assignment."},
 			[]string{"topic"}),
 	}
 	m.ReplaysSkipped = prometheus.NewCounterVec(prometheus.CounterOpts{

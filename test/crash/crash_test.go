@@ -83,8 +83,8 @@ func startInstance(tb testing.TB, bin, name string, env []string) *instance {
 		tb.Fatal(err)
 	}
 	cmd := exec.Command(bin, "run")
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Env = append(cmd.Env, "RATCHET_KAFKA_INSTANCE_ID=", "RATCHET_LOG_LEVEL=warn")
+	cmd.Env = append(os.Environ(), "RATCHET_KAFKA_INSTANCE_ID=", "RATCHET_LOG_LEVEL=warn")
+	cmd.Env = append(cmd.Env, env...) // the test's settings win
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start %s: %v", name, err)
