@@ -183,10 +183,27 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 				"topic", *p.Topic, "partition", p.Partition, "offset", cl.Next, "kafka_committed", committed[i],
 				"auto_offset_reset", s.cfg.AutoOffsetReset, "epoch", cl.Epoch)
 		} else if pos := resumeClaimed(cl.Next, low, high); pos.Start != cl.Next {
-			s.outside(*p.Topic, p.Partition, cl.Next, pos, low, high)
-			if cl, err = s.cfg.Reposition(ctx, cl, pos.Start); err != nil {
-				out[i] = startOffset{err: err}
-				continue
+			if pos.PastEnd {
+				// The log's bounds were read before the claim, which may
+				// have waited while the previous owner went on applying
+				// (and the producer writing): its last batch can end past
+				// that stale end. The claim has fenced it now; read the
+				// bounds again before taking the position for a recreated
+				// topic, which would apply the whole log again.
+				fresh := queryWatermarks(c, []kafka.TopicPartition{p}, leftOf(ctx))[0]
+				if fresh.err != nil {
+					out[i] = startOffset{err: fmt.Errorf("query watermarks: %w", fresh.err)}
+					continue
+				}
+				low, high = fresh.low, fresh.high
+				pos = resumeClaimed(cl.Next, low, high)
+			}
+			if pos.Start != cl.Next {
+				s.outside(*p.Topic, p.Partition, cl.Next, pos, low, high)
+				if cl, err = s.cfg.Reposition(ctx, cl, pos.Start); err != nil {
+					out[i] = startOffset{err: err}
+					continue
+				}
 			}
 		}
 		if !cl.New && committed[i] >= 0 && committed[i] != cl.Next {
