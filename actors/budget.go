@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,8 +44,12 @@ import (
 // is bounded separately, for the whole consumer, and comes on top.
 type Budget struct {
 	limit int64
-	held  atomic.Int64
+	held  atomic.Int64 // read without the lock by the poll loop
 	peak  atomic.Int64
+	// mu orders the changes of every account (Held) with the budget's
+	// counts: an actor's release and the owner's End never both give back
+	// the same bytes.
+	mu sync.Mutex
 }
 
 // capShare is the smallest part of the budget one partition may take: it
@@ -85,13 +90,22 @@ func (b *Budget) partitionCap(n int) int64 {
 	return max(b.limit/int64(max(n, 1)), b.limit/capShare)
 }
 
-// Held counts what one partition actor holds: records handed to it and not
-// yet applied or dropped, and their bytes (recordBytes). The poll loop
-// adds, the partition actor releases; both also move the budget's total.
+// Held is the account of one owner of the budget: one assignment of one
+// partition (a partition assigned again gets a new account). It counts the
+// records handed to the partition actor and not yet applied or dropped,
+// and their bytes (recordBytes). The poll loop takes (Add) when it hands
+// records over; the actor gives back (Release) what it applied or dropped,
+// and what an incarnation held when it restarts. The poll loop, which
+// took the bytes, ends the account (End) when the partition ends, on
+// every path (revoked, lost, stopped, rebuilt, over its restart budget):
+// records still queued in the actor's mailbox are dropped unseen by a
+// Stop (PITFALLS B6), and the budget outlives the consumer, so only the
+// owner can give them back. An ended account takes and gives back nothing.
 type Held struct {
 	records atomic.Int64
 	bytes   atomic.Int64
 	budget  *Budget // nil: counted for this partition only
+	ended   bool    // guarded by budget.mu
 }
 
 // NewHeld returns the counter of one partition within budget (nil: none).
@@ -104,15 +118,9 @@ func (h *Held) Records() int64 { return h.records.Load() }
 func (h *Held) Bytes() int64 { return h.bytes.Load() }
 
 // Add counts records handed to the partition actor. Only the poll loop
-// adds, so the budget's peak needs no compare-and-swap.
+// adds.
 func (h *Held) Add(records int, bytes int64) {
-	h.records.Add(int64(records))
-	h.bytes.Add(bytes)
-	if h.budget != nil {
-		if v := h.budget.held.Add(bytes); v > h.budget.peak.Load() {
-			h.budget.peak.Store(v)
-		}
-	}
+	h.move(int64(records), bytes)
 }
 
 // Release counts records the partition actor applied or dropped.
@@ -120,10 +128,51 @@ func (h *Held) Release(records int, bytes int64) {
 	if records == 0 && bytes == 0 {
 		return
 	}
-	h.records.Add(int64(-records))
-	h.bytes.Add(-bytes)
-	if h.budget != nil {
-		h.budget.held.Add(-bytes)
+	h.move(-int64(records), -bytes)
+}
+
+// End gives back everything the account still holds and ends it: what
+// the actor releases later is not counted again. Called by the poll loop
+// once the partition actor has stopped (stopPartitions).
+func (h *Held) End() {
+	b := h.budget
+	if b == nil {
+		h.records.Store(0)
+		h.bytes.Store(0)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h.ended {
+		return
+	}
+	h.moveLocked(-h.records.Load(), -h.bytes.Load())
+	h.ended = true
+}
+
+// move changes the account and the budget's total together.
+func (h *Held) move(records, bytes int64) {
+	b := h.budget
+	if b == nil {
+		h.records.Add(records)
+		h.bytes.Add(bytes)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h.ended {
+		return // given back by End already
+	}
+	h.moveLocked(records, bytes)
+}
+
+// moveLocked is move with b.mu held.
+func (h *Held) moveLocked(records, bytes int64) {
+	b := h.budget
+	h.records.Add(records)
+	h.bytes.Add(bytes)
+	if v := b.held.Add(bytes); v > b.peak.Load() {
+		b.peak.Store(v)
 	}
 }
 

@@ -289,6 +289,7 @@ func (s *Supervisor) abandon(tps []TopicPartition) {
 func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 	var wg sync.WaitGroup
 	stopped := make([]*assigned, 0, len(tps))
+	var resume []kafka.TopicPartition
 	for _, tp := range tps {
 		a, ok := s.parts[tp]
 		if !ok {
@@ -296,6 +297,7 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 		}
 		if a.paused {
 			s.cfg.Metrics.Paused.Dec()
+			resume = append(resume, ktp(tp, kafka.OffsetInvalid)) // else still paused if assigned again (CKG #193)
 		}
 		// Another member exports this partition's lag from now on.
 		s.cfg.Metrics.Lag.DeleteLabelValues(tp.Topic, metrics.Partition(tp.Partition))
@@ -304,6 +306,10 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 		wg.Go(func() { _ = s.system.Root.StopFuture(a.pid).Wait() })
 	}
 	wg.Wait()
+	s.pauseResume(nil, resume)
+	for _, a := range stopped {
+		a.held.End() // what its mailbox still held, a Stop dropped unseen (budget.go)
+	}
 	if !remember {
 		return
 	}

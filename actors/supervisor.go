@@ -433,6 +433,8 @@ func (s *Supervisor) flushPending() {
 			a.pending, a.pendingBytes = nil, 0
 			continue
 		}
+		// Taken here, given back by the actor as it applies or drops
+		// them, and by stopPartitions (Held.End) for what it never saw.
 		a.held.Add(len(a.pending), a.pendingBytes)
 		s.system.Root.Send(a.pid, &Records{Seek: a.seek, Msgs: a.pending})
 		a.pending, a.pendingBytes = nil, 0

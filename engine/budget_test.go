@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/protobuf/proto"
 
 	"ratchet/config"
@@ -237,4 +241,98 @@ func TestStuckPartitionDoesNotBlockOthers(t *testing.T) {
 		return storedNext(t, pool, cfg.Kafka.GroupID)[0] == perPartition
 	}, "partition 0 drained after it recovered")
 	t.Logf("peak held %.0f bytes of a %.0f budget; the stuck partition held %.0f", peak, budget, held)
+}
+
+// gateDecoder decodes every record as is, except that once armed, the
+// next record it is given holds its partition actor inside Receive until
+// the test lets it go (release): records handed to that partition
+// meanwhile wait in its mailbox.
+type gateDecoder struct {
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gateDecoder) DecodeRecord(r *processor.Record) error {
+	if g.armed.CompareAndSwap(true, false) {
+		g.entered <- struct{}{}
+		<-g.release
+	}
+	r.Decoded = r.Value
+	return nil
+}
+
+// TestLostAssignmentsGiveBackTheBudget: the group declares the assignment
+// lost ten times in a row (a heartbeat answered ILLEGAL_GENERATION) while
+// records stream in and a slow processor keeps a batch in flight. Each
+// time, one partition actor is held inside Receive (gateDecoder) while
+// records reach its mailbox, so the Stop of the lost assignment overtakes
+// them. Whatever the partitions held, their mailboxes included, must come
+// back to the budget: once everything is applied and the instance is
+// idle, ratchet_held_bytes is 0.
+func TestLostAssignmentsGiveBackTheBudget(t *testing.T) {
+	const partitions, losses = 16, 10
+	cluster, addr := testenv.Kafka(t, partitions, topic)
+	dbURL := testenv.Postgres(t)
+
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Processing.MemoryBudget = 1 << 20
+	cfg.Processing.BatchSize = 20
+	cfg.Kafka.Properties = config.Properties{"heartbeat.interval.ms": "100"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	slow := processor.Func{ProcessorName: "slow", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.01)")
+		return err
+	}}
+	gate := &gateDecoder{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	logs := &testenv.Buffer{}
+	startWith(t, cfg, engine.Options{Processor: slow, Decoder: processor.DecoderFunc(gate.DecodeRecord), Registry: reg,
+		Owner: "lost"}, testenv.Log{To: logs, JSON: true})
+
+	s := stream(t, addr, 40, 10*time.Millisecond)
+	pool := openPool(t, dbURL)
+	applied := func() int64 {
+		var n int64
+		for _, next := range storedNext(t, pool, cfg.Kafka.GroupID) {
+			n += next
+		}
+		return n
+	}
+	lostLines := func() int { return len(logs.Lines(`"msg":"assignment lost; stopping partitions without committing"`)) }
+	claimed := func() int { return len(logs.Lines(`"msg":"partitions claimed"`)) }
+	for i := range losses {
+		// Arm the gate once the partitions of the last loss have stopped
+		// and the new ones are claimed: it must hold a running actor, not
+		// one that is stopping.
+		testenv.Eventually(t, time.Minute, func() bool { return claimed() > i }, "partitions claimed %d times", i+1)
+		gate.armed.Store(true)
+		select {
+		case <-gate.entered:
+		case <-time.After(time.Minute):
+			t.Fatalf("no record decoded before loss %d", i+1)
+		}
+		// One partition actor is held; the others apply, and the stream
+		// reaches every partition, the held one's mailbox included.
+		before := applied()
+		testenv.Eventually(t, time.Minute, func() bool { return applied() >= before+200 },
+			"records applied before loss %d", i+1)
+		cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: cfg.Kafka.GroupID, Err: kerr.IllegalGeneration})
+		func() {
+			defer func() { gate.release <- struct{}{} }() // also when the wait fails: the engine must stop
+			testenv.Eventually(t, time.Minute, func() bool { return lostLines() > i }, "assignment lost %d times", i+1)
+		}()
+	}
+	s.stop()
+	testenv.Eventually(t, 2*time.Minute, func() bool { return applied() == s.sent.Load() },
+		"every record applied after %d lost assignments", losses)
+	var held float64
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		held = gauge(t, reg, "ratchet_held_bytes")
+		return held == 0
+	}, "ratchet_held_bytes back to 0 once idle")
+	t.Logf("%d lost assignments, %d records; peak held %.0f bytes of a %d budget", lostLines(), s.sent.Load(),
+		gauge(t, reg, "ratchet_held_bytes_peak"), cfg.Processing.MemoryBudget)
 }
