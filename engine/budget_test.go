@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -335,4 +336,83 @@ func TestLostAssignmentsGiveBackTheBudget(t *testing.T) {
 	}, "ratchet_held_bytes back to 0 once idle")
 	t.Logf("%d lost assignments, %d records; peak held %.0f bytes of a %d budget", lostLines(), s.sent.Load(),
 		gauge(t, reg, "ratchet_held_bytes_peak"), cfg.Processing.MemoryBudget)
+}
+
+// blockFirst never returns for the partitions below stuck until release
+// is closed (their transactions hang, as behind a row lock); the other
+// partitions apply at once.
+type blockFirst struct {
+	stuck   int32
+	release chan struct{}
+}
+
+func (blockFirst) Name() string { return "block-first" }
+
+func (s blockFirst) Process(ctx context.Context, _ pgx.Tx, b processor.Batch) error {
+	if b.Partition >= s.stuck {
+		return nil
+	}
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestHealthyPartitionsDrainWhileOthersAreStuck: 16 partitions share a
+// 1 MiB budget; 8, 12 or 15 of them stop applying (their transactions
+// hang) with a backlog several times their cap. However many are stuck,
+// the others drain theirs: the stuck ones cannot hold the part of the
+// budget the partitions that apply need (budget.go, the reserve). The
+// rate at which the healthy partitions drain is logged.
+func TestHealthyPartitionsDrainWhileOthersAreStuck(t *testing.T) {
+	const partitions, perPartition, valueBytes = 16, 300, 1000
+	for _, stuck := range []int32{8, 12, 15} {
+		t.Run(fmt.Sprintf("%d of %d stuck", stuck, partitions), func(t *testing.T) {
+			_, addr := testenv.Kafka(t, partitions, topic)
+			dbURL := testenv.Postgres(t)
+			produceBacklog(t, addr, partitions, perPartition, valueBytes)
+
+			cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+			cfg.Processing.MemoryBudget = 1 << 20
+			cfg.Processing.BatchSize = 100
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			p := blockFirst{stuck: stuck, release: make(chan struct{})}
+			reg := prometheus.NewRegistry()
+			began := time.Now()
+			startWith(t, cfg, engine.Options{Processor: p, Registry: reg, Owner: "stuck"}, testenv.Log{})
+			defer close(p.release) // before the engine stops (t.Cleanup)
+
+			pool := openPool(t, dbURL)
+			healthyApplied := func() (n int64) {
+				next := storedNext(t, pool, cfg.Kafka.GroupID)
+				for q := stuck; q < partitions; q++ {
+					n += next[q]
+				}
+				return n
+			}
+			// The rate is measured from the first record applied (the
+			// start, the claims and the first fetch left out) to the last.
+			var first int64
+			testenv.Eventually(t, time.Minute, func() bool { first = healthyApplied(); return first > 0 },
+				"a healthy partition applied a record")
+			from := time.Now()
+			healthy := int64(partitions-stuck) * perPartition
+			testenv.Eventually(t, time.Minute, func() bool { return healthyApplied() == healthy },
+				"the %d healthy partitions applied %d records each while %d are stuck", partitions-stuck, perPartition, stuck)
+			took := time.Since(from)
+			next := storedNext(t, pool, cfg.Kafka.GroupID)
+			for q := range stuck {
+				if next[q] != 0 {
+					t.Fatalf("stuck partition %d applied up to %d", q, next[q])
+				}
+			}
+			t.Logf("%d stuck: the %d healthy partitions applied %d records in %s, %.0f records/s (%s after the start); peak held %.0f of %d bytes",
+				stuck, partitions-stuck, healthy-first, took.Round(time.Millisecond), float64(healthy-first)/took.Seconds(),
+				from.Sub(began).Round(time.Millisecond), gauge(t, reg, "ratchet_held_bytes_peak"), cfg.Processing.MemoryBudget)
+		})
+	}
 }
