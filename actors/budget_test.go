@@ -13,6 +13,7 @@ import (
 
 	"ratchet/internal/event"
 	"ratchet/internal/metrics"
+	"ratchet/internal/testenv"
 	"ratchet/processor"
 )
 
@@ -124,5 +125,34 @@ func TestEndedPartitionGivesBackItsMailbox(t *testing.T) {
 	a.held.Release(5, 5000)
 	if got := h.s.budget.Held(); got != 0 {
 		t.Errorf("a release after the end moved the budget to %d", got)
+	}
+}
+
+// TestRestartedPartitionGivesBackWhatItHeld: a processor panic restarts
+// the partition actor with a batch in flight, batches cut ahead, records
+// queued and more in its mailbox. The partition stays assigned (its
+// account is not ended): the incarnation that ends gives back what it
+// held, the next one drops and gives back what its mailbox still held
+// until the seek is confirmed, so the account comes back to 0.
+func TestRestartedPartitionGivesBackWhatItHeld(t *testing.T) {
+	h := newBudgetHarness(t, 1<<20)
+	dec := &blockingDecoder{inner: event.NewDecoder("raw"), entered: make(chan struct{}), release: make(chan struct{})}
+	app := &scriptedApplier{held: make(chan struct{}), gate: make(chan struct{}), panics: true}
+	a := h.partition(t, 0, dec, app)
+	h.handOver(a, 0, 10)
+	<-dec.entered
+	for off := int64(10); off < 80; off += 10 {
+		h.handOver(a, off, off+10)
+	}
+	close(dec.release)
+	<-app.held // the first batch is in its transaction
+	if n := a.held.Records(); n != 80 {
+		t.Fatalf("%d records counted before the panic, want 80", n)
+	}
+	close(app.gate) // and panics: the actor restarts
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.held.Bytes() == 0 && h.s.budget.Held() == 0 },
+		"the restarted partition gave back what it held")
+	if n := a.held.Records(); n != 0 {
+		t.Errorf("%d records still counted", n)
 	}
 }
