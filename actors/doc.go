@@ -68,12 +68,13 @@
 //     consumer.Poll and keeps each *kafka.Message in its partition's
 //     pending list (handle). Before every poll, backpressure (budget.go)
 //     looks at the instance's memory budget and at the partitions over
-//     their cap: with the budget full the loop takes nothing; above its
+//     their cap: with its shared half full the loop holds off, then pauses
+//     the partitions above their reserve; above its
 //     cap (its share of processing.memory_budget, at most
 //     processing.max_buffered_per_partition records) a partition makes the
 //     loop hold off for up to holdFor, then is paused; it resumes below
-//     half. A round ends early when the budget fills or a partition
-//     reaches its cap. Records fetched while the consumer stops are
+//     half. A round ends early when a partition reaches what it may
+//     hold. Records fetched while the consumer stops are
 //     dropped.
 //  2. Records. At the end of a poll round flushPending adds the round's
 //     records and their bytes to the partition's Held count (and the

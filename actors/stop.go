@@ -456,6 +456,7 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 	until := time.Now().Add(s.cfg.DrainTimeout)
 	var wg sync.WaitGroup
 	stopped := make([]*assigned, 0, len(tps))
+	var resume []kafka.TopicPartition
 	for _, tp := range tps {
 		a, ok := s.parts[tp]
 		if !ok {
@@ -463,6 +464,7 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 		}
 		if a.paused {
 			s.cfg.Metrics.Paused.Dec()
+			resume = append(resume, ktp(tp, kafka.OffsetInvalid)) // else still paused if assigned again (CKG #193)
 		}
 		// Another member exports this partition's lag from now on.
 		s.cfg.Metrics.Lag.DeleteLabelValues(tp.Topic, metrics.Partition(tp.Partition))
@@ -475,6 +477,12 @@ func (s *Supervisor) stopPartitions(tps []TopicPartition, remember bool) {
 	go func() { wg.Wait(); close(done) }() // ends with the futures
 	if !s.await(done, until, stopReserve(s.cfg.DrainTimeout)/2) && len(stopped) > 0 {
 		s.cfg.Logger.Warn("partition actors still stopping at the deadline; going on without them", "partitions", len(stopped))
+	}
+	// The accounts end even when an actor is still stopping at the
+	// deadline: what it gives back later counts nothing (budget.go).
+	s.pauseResume(nil, resume)
+	for _, a := range stopped {
+		a.held.End() // what its mailbox still held, a Stop dropped unseen (budget.go)
 	}
 	if !remember {
 		return

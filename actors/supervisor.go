@@ -118,20 +118,21 @@ type Supervisor struct {
 	lastRecs       map[TopicPartition]int64
 
 	// Backpressure (budget.go). budget counts what partition actors hold;
-	// roundBytes is what this round of the poll loop read and has not yet
-	// handed over; roundOver is set when a partition's share of it took
-	// the partition over its cap, which ends the round;
-	// handed over; touched lists the partitions with records pending;
-	// watch the partitions over their cap. fullSince is when the budget
-	// became full; squeezed is set while every partition is paused
-	// because it stayed full.
-	budget     *Budget
-	roundBytes int64
-	roundOver  bool
-	touched    []*assigned
-	watch      []*assigned
-	fullSince  time.Time
-	squeezed   bool
+	// roundShared is what this round of the poll loop read beyond the
+	// partitions' reserves and has not yet handed over; roundOver is set
+	// when a partition's share of the round took it over what it may
+	// hold, which ends the round; touched lists the partitions with
+	// records pending; watch the partitions over what they may hold.
+	// fullSince is when the shared half of the budget became full;
+	// squeezed is set while it stays full and the partitions above their
+	// reserve are paused.
+	budget      *Budget
+	roundShared int64
+	roundOver   bool
+	touched     []*assigned
+	watch       []*assigned
+	fullSince   time.Time
+	squeezed    bool
 
 	// The stop (see group.go). stopping is set while the consumer is being
 	// stopped: records are dropped, and partitions assigned meanwhile are
@@ -296,7 +297,7 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 	}
 	s.downSince = time.Time{}
 	s.idleSince, s.idleWarned = time.Time{}, false
-	s.watch, s.touched, s.roundBytes, s.roundOver, s.fullSince, s.squeezed = nil, nil, 0, false, time.Time{}, false
+	s.watch, s.touched, s.roundShared, s.roundOver, s.fullSince, s.squeezed = nil, nil, 0, false, time.Time{}, false
 	for ctx.Err() == nil {
 		select {
 		case tp := <-s.overBudget:
@@ -322,14 +323,21 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 			}
 			continue
 		}
-		if r, err := s.handle(s.consumer.Poll(100)); r != "" || err != nil {
+		// With partitions paused for the budget, look again soon: one that
+		// applied what it held is resumed at the next look, not when the
+		// others happen to bring records.
+		wait := 100
+		if len(s.watch) > 0 {
+			wait = 10
+		}
+		if r, err := s.handle(s.consumer.Poll(wait)); r != "" || err != nil {
 			return r, err
 		}
 		// Take what is already fetched without waiting, so records reach
 		// their partitions in runs rather than one message at a time,
 		// while the budget has room.
 		for range 1000 {
-			if s.roundOver || s.budget.full(s.roundBytes) {
+			if s.roundOver {
 				break
 			}
 			ev := s.consumer.Poll(0)
@@ -408,9 +416,9 @@ func (s *Supervisor) handle(ev kafka.Event) (string, error) {
 			}
 			a.pending = append(a.pending, e)
 			n := recordBytes(e)
-			s.roundBytes += n
+			s.roundShared += s.overShared(a, a.pendingBytes, n)
 			a.pendingBytes += n
-			s.roundOver = s.roundOver || s.overCap(a, len(a.pending), a.pendingBytes)
+			s.roundOver = s.roundOver || s.overCap(a, len(a.pending), a.pendingBytes, s.roundShared)
 		}
 	case kafka.Error:
 		if e.IsFatal() {
@@ -445,6 +453,8 @@ func (s *Supervisor) flushPending() {
 			a.pending, a.pendingBytes = nil, 0
 			continue
 		}
+		// Taken here, given back by the actor as it applies or drops
+		// them, and by stopPartitions (Held.End) for what it never saw.
 		a.held.Add(len(a.pending), a.pendingBytes)
 		s.system.Root.Send(a.pid, &Records{Seek: a.seek, Msgs: a.pending})
 		a.pending, a.pendingBytes = nil, 0
@@ -452,7 +462,7 @@ func (s *Supervisor) flushPending() {
 	}
 	clear(s.touched)
 	s.touched = s.touched[:0]
-	s.roundBytes, s.roundOver = 0, false
+	s.roundShared, s.roundOver = 0, false
 }
 
 // serveSeeks moves partitions of restarted actors back to their watermark.

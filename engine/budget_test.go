@@ -2,7 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/protobuf/proto"
 
 	"ratchet/config"
@@ -26,15 +31,21 @@ const budgetRecordOverhead = 512
 // one of partitions and returns the largest record as the budget counts it.
 func produceBacklog(tb testing.TB, addr string, partitions int32, perPartition int, valueBytes int) int64 {
 	tb.Helper()
+	return producePartitions(tb, addr, 0, partitions, perPartition, valueBytes)
+}
+
+// producePartitions is produceBacklog for the partitions [from, to).
+func producePartitions(tb testing.TB, addr string, from, to int32, perPartition int, valueBytes int) int64 {
+	tb.Helper()
 	pr := newProducer(tb, addr)
-	total := int(partitions) * perPartition
+	total := int(to-from) * perPartition
 	deliveries := make(chan kafka.Event, total)
 	g := &gen{}
 	pad := strings.Repeat("x", valueBytes)
 	var largest int64
 	t := topic
 	for range perPartition {
-		for p := range partitions {
+		for p := from; p < to; p++ {
 			ev := g.next()
 			ev.Labels["pad"] = pad
 			v, err := proto.Marshal(ev)
@@ -237,4 +248,180 @@ func TestStuckPartitionDoesNotBlockOthers(t *testing.T) {
 		return storedNext(t, pool, cfg.Kafka.GroupID)[0] == perPartition
 	}, "partition 0 drained after it recovered")
 	t.Logf("peak held %.0f bytes of a %.0f budget; the stuck partition held %.0f", peak, budget, held)
+}
+
+// gateDecoder decodes every record as is, except that once armed, the
+// next record it is given holds its partition actor inside Receive until
+// the test lets it go (release): records handed to that partition
+// meanwhile wait in its mailbox.
+type gateDecoder struct {
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gateDecoder) DecodeRecord(r *processor.Record) error {
+	if g.armed.CompareAndSwap(true, false) {
+		g.entered <- struct{}{}
+		<-g.release
+	}
+	r.Decoded = r.Value
+	return nil
+}
+
+// TestLostAssignmentsGiveBackTheBudget: the group declares the assignment
+// lost ten times in a row (a heartbeat answered ILLEGAL_GENERATION) while
+// records stream in and a slow processor keeps a batch in flight. Each
+// time, one partition actor is held inside Receive (gateDecoder) while
+// records reach its mailbox, so the Stop of the lost assignment overtakes
+// them. Whatever the partitions held, their mailboxes included, must come
+// back to the budget: once everything is applied and the instance is
+// idle, ratchet_held_bytes is 0.
+func TestLostAssignmentsGiveBackTheBudget(t *testing.T) {
+	const partitions, losses = 16, 10
+	cluster, addr := testenv.Kafka(t, partitions, topic)
+	dbURL := testenv.Postgres(t)
+
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Processing.MemoryBudget = 1 << 20
+	cfg.Processing.BatchSize = 20
+	cfg.Kafka.Properties = config.Properties{"heartbeat.interval.ms": "100"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	slow := processor.Func{ProcessorName: "slow", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.01)")
+		return err
+	}}
+	gate := &gateDecoder{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	logs := &testenv.Buffer{}
+	startWith(t, cfg, engine.Options{Processor: slow, Decoder: processor.DecoderFunc(gate.DecodeRecord), Registry: reg,
+		Owner: "lost"}, testenv.Log{To: logs, JSON: true})
+
+	s := stream(t, addr, 40, 10*time.Millisecond)
+	pool := openPool(t, dbURL)
+	applied := func() int64 {
+		var n int64
+		for _, next := range storedNext(t, pool, cfg.Kafka.GroupID) {
+			n += next
+		}
+		return n
+	}
+	lostLines := func() int { return len(logs.Lines(`"msg":"assignment lost; stopping partitions without committing"`)) }
+	claimed := func() int { return len(logs.Lines(`"msg":"partitions claimed"`)) }
+	for i := range losses {
+		// Arm the gate once the partitions of the last loss have stopped
+		// and the new ones are claimed: it must hold a running actor, not
+		// one that is stopping.
+		testenv.Eventually(t, time.Minute, func() bool { return claimed() > i }, "partitions claimed %d times", i+1)
+		gate.armed.Store(true)
+		select {
+		case <-gate.entered:
+		case <-time.After(time.Minute):
+			t.Fatalf("no record decoded before loss %d", i+1)
+		}
+		// One partition actor is held; the others apply, and the stream
+		// reaches every partition, the held one's mailbox included.
+		before := applied()
+		testenv.Eventually(t, time.Minute, func() bool { return applied() >= before+200 },
+			"records applied before loss %d", i+1)
+		cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: cfg.Kafka.GroupID, Err: kerr.IllegalGeneration})
+		func() {
+			defer func() { gate.release <- struct{}{} }() // also when the wait fails: the engine must stop
+			testenv.Eventually(t, time.Minute, func() bool { return lostLines() > i }, "assignment lost %d times", i+1)
+		}()
+	}
+	s.stop()
+	testenv.Eventually(t, 2*time.Minute, func() bool { return applied() == s.sent.Load() },
+		"every record applied after %d lost assignments", losses)
+	var held float64
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		held = gauge(t, reg, "ratchet_held_bytes")
+		return held == 0
+	}, "ratchet_held_bytes back to 0 once idle")
+	t.Logf("%d lost assignments, %d records; peak held %.0f bytes of a %d budget", lostLines(), s.sent.Load(),
+		gauge(t, reg, "ratchet_held_bytes_peak"), cfg.Processing.MemoryBudget)
+}
+
+// blockFirst never returns for the partitions below stuck until release
+// is closed (their transactions hang, as behind a row lock); the other
+// partitions apply at once.
+type blockFirst struct {
+	stuck   int32
+	release chan struct{}
+}
+
+func (blockFirst) Name() string { return "block-first" }
+
+func (s blockFirst) Process(ctx context.Context, _ pgx.Tx, b processor.Batch) error {
+	if b.Partition >= s.stuck {
+		return nil
+	}
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestHealthyPartitionsDrainWhileOthersAreStuck: 16 partitions share a
+// 1 MiB budget; 8, 12 or 15 of them stop applying (their transactions
+// hang) with a backlog several times their cap, and hold all they may:
+// their reserves and the shared half of the budget. Then a backlog
+// arrives on the others, which drain it in their reserves (budget.go):
+// the stuck partitions cannot hold what the partitions that apply need.
+// The rate of that drain is logged.
+func TestHealthyPartitionsDrainWhileOthersAreStuck(t *testing.T) {
+	const partitions, perPartition, valueBytes = 16, 300, 1000
+	for _, stuck := range []int32{8, 12, 15} {
+		t.Run(fmt.Sprintf("%d of %d stuck", stuck, partitions), func(t *testing.T) {
+			_, addr := testenv.Kafka(t, partitions, topic)
+			dbURL := testenv.Postgres(t)
+			producePartitions(t, addr, 0, stuck, perPartition, valueBytes)
+
+			cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+			cfg.Processing.MemoryBudget = 1 << 20
+			cfg.Processing.BatchSize = 100
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			p := blockFirst{stuck: stuck, release: make(chan struct{})}
+			reg := prometheus.NewRegistry()
+			startWith(t, cfg, engine.Options{Processor: p, Registry: reg, Owner: "stuck"}, testenv.Log{})
+			defer close(p.release) // before the engine stops (t.Cleanup)
+
+			// The stuck partitions fill their reserves and the shared half.
+			budget := int64(cfg.Processing.MemoryBudget)
+			full := int64(stuck)*budget/(2*partitions) + budget/2
+			testenv.Eventually(t, time.Minute, func() bool { return gauge(t, reg, "ratchet_held_bytes") >= float64(full)*0.95 },
+				"the %d stuck partitions hold their reserves and the shared half (%d bytes)", stuck, full)
+			stuckHeld := gauge(t, reg, "ratchet_held_bytes")
+
+			from := time.Now()
+			producePartitions(t, addr, stuck, partitions, perPartition, valueBytes)
+			pool := openPool(t, dbURL)
+			healthy := int64(partitions-stuck) * perPartition
+			testenv.Eventually(t, time.Minute, func() bool {
+				var n int64
+				for q, next := range storedNext(t, pool, cfg.Kafka.GroupID) {
+					if q >= stuck {
+						n += next
+					}
+				}
+				return n == healthy
+			}, "the %d healthy partitions applied %d records each while %d are stuck", partitions-stuck, perPartition, stuck)
+			took := time.Since(from)
+			next := storedNext(t, pool, cfg.Kafka.GroupID)
+			for q := range stuck {
+				if next[q] != 0 {
+					t.Fatalf("stuck partition %d applied up to %d", q, next[q])
+				}
+			}
+			t.Logf("%d stuck holding %.0f bytes: the %d healthy partitions applied %d records in %s (producing them included), %.0f records/s; peak held %.0f of %d bytes",
+				stuck, stuckHeld, partitions-stuck, healthy, took.Round(time.Millisecond), float64(healthy)/took.Seconds(),
+				gauge(t, reg, "ratchet_held_bytes_peak"), budget)
+		})
+	}
 }
