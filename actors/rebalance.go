@@ -256,6 +256,7 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	lost := c.AssignmentLost()
 	s.revoked = true
 	tps := make([]TopicPartition, 0, len(parts))
+	var wasHeld []kafka.TopicPartition
 	for _, p := range parts {
 		tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 		if s.parked[tp] {
@@ -265,6 +266,7 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		if _, ok := s.unclaimed[tp]; ok {
 			delete(s.unclaimed, tp) // never consumed either
 			s.publishUnclaimed()
+			wasHeld = append(wasHeld, ktp(tp, kafka.OffsetInvalid))
 			continue
 		}
 		delete(s.returned, tp)
@@ -289,6 +291,14 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.drain(tps, deadline, false)
 		s.commitRevoked(tps, deadline)
 		s.stopPartitions(tps, false)
+	}
+	if len(wasHeld) > 0 {
+		// librdkafka keeps a partition's pause across its reassignment
+		// (CKG #193): a partition held paused for its claim would come
+		// back paused and never be fetched. Give the pause back with it.
+		if err := c.Resume(wasHeld); err != nil {
+			s.cfg.Logger.Warn("resume held partitions before giving them up", "partitions", len(wasHeld), "err", err)
+		}
 	}
 	if err := c.IncrementalUnassign(parts); err != nil {
 		s.cfg.Logger.Error("incremental unassign", "err", err)
