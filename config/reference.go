@@ -40,7 +40,7 @@ var keys = []key{
 	{"processing.batch_size", "max records per transaction", func(c *Config) any { return &c.Processing.BatchSize }},
 	{"processing.batch_linger", "max wait to fill a batch", func(c *Config) any { return &c.Processing.BatchLinger }},
 	{"processing.max_buffered_per_partition", "the most records one partition holds, even with processing.memory_budget to spare (bounds what a slow or stuck partition keeps); above it the partition is paused", func(c *Config) any { return &c.Processing.MaxBufferedPerPartition }},
-	{"processing.memory_budget", "bytes of records (key, value, headers and 512 bytes each for their structures) all partitions of the instance hold together, queued, in batches cut ahead or in flight, dead letters included; one partition takes at most max(budget / partitions, budget / 8); see Sizing in deploy/README.md", func(c *Config) any { return &c.Processing.MemoryBudget }},
+	{"processing.memory_budget", "bytes of records (key, value, headers and 512 bytes each for their structures) all partitions of the instance hold together, queued, in batches cut ahead or in flight, dead letters included; half of it is reserved, budget / (2 × partitions) for each partition whatever the others hold, so partitions that stop applying never starve those that apply; one partition takes at most max(budget / partitions, budget / 8); see Sizing in deploy/README.md", func(c *Config) any { return &c.Processing.MemoryBudget }},
 	{"commit.mode", "exactly-once or at-least-once", func(c *Config) any { return &c.Commit.Mode }},
 	{"commit.interval", "Kafka commit cadence (coalesced)", func(c *Config) any { return &c.Commit.Interval }},
 	{"retry.initial_backoff", "first retry wait", func(c *Config) any { return &c.Retry.InitialBackoff }},
