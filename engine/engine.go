@@ -230,9 +230,22 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	var inputPartitions int
 	starting.Wait("reading the input topics from Kafka")
+	suspectLogins := 0 // attempts in a row that ended on a failed login
 	err = start.do(ctx, "Kafka", func(ctx context.Context) error {
 		n, err := ensureDLQTopics(ctx, producer, cfg, e.log)
 		inputPartitions = n
+		if err == nil {
+			return nil
+		}
+		refused, suspect := refusedByBrokers(producer)
+		if refused != nil {
+			return permanent(fmt.Errorf("%w (%v)", err, refused))
+		}
+		if suspect == nil {
+			suspectLogins = 0
+		} else if suspectLogins++; suspectLogins >= 2 {
+			return permanent(fmt.Errorf("%w (at every attempt: %v)", err, suspect))
+		}
 		return startKafkaError(err)
 	})
 	if err != nil {

@@ -2,10 +2,13 @@ package engine
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -130,10 +133,59 @@ func (s *starter) do(ctx context.Context, what string, step func(ctx context.Con
 // (a refused password, a missing database or permission, a TLS setting the
 // server does not support) ends the start at once.
 func startPostgresError(err error) error {
-	if err == nil || store.IsTransient(err) {
-		return err
+	if err == nil {
+		return nil
 	}
-	return permanent(err)
+	if untrustedCertificate(err) || !store.IsTransient(err) {
+		return permanent(err)
+	}
+	return err
+}
+
+// untrustedCertificate reports whether err is a server certificate that
+// does not verify (an unknown authority, another host name, expired):
+// sslmode verify-ca or verify-full against the wrong CA, which no retry
+// mends.
+func untrustedCertificate(err error) bool {
+	var (
+		verify    *tls.CertificateVerificationError
+		authority x509.UnknownAuthorityError
+		host      x509.HostnameError
+		invalid   x509.CertificateInvalidError
+	)
+	return errors.As(err, &verify) || errors.As(err, &authority) || errors.As(err, &host) || errors.As(err, &invalid)
+}
+
+// refusedByBrokers reads the error events queued on p and returns the
+// first that says the brokers refuse this client for good — a login
+// refused (SASL_AUTHENTICATION_FAILED), a broker certificate that does not
+// verify — and else the first that looks like a refused login but may be a
+// broker that went away during one ("SASL authentication error" on a
+// dropped connection, which is also how kfake refuses a password): the
+// caller takes that for a refusal only when it comes back at the next
+// attempt. librdkafka reports these as events while the request that
+// needed the connection only reads "Broker transport failure". It reads
+// only what is queued, before the dead-letter actor reads the producer's
+// events.
+func refusedByBrokers(p *kafka.Producer) (refused, suspect error) {
+	for {
+		select {
+		case ev := <-p.Events():
+			ke, ok := ev.(kafka.Error)
+			if !ok {
+				continue
+			}
+			switch {
+			case ke.Code() == kafka.ErrAuthentication, ke.Code() == kafka.ErrSaslAuthenticationFailed,
+				ke.Code() == kafka.ErrSsl && strings.Contains(ke.Error(), "certificate verify failed"):
+				return ke, nil
+			case suspect == nil && strings.Contains(ke.Error(), "SASL authentication error"):
+				suspect = ke
+			}
+		default:
+			return nil, suspect
+		}
+	}
 }
 
 // startKafkaError classifies a failure to read or create topics at start:

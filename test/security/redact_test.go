@@ -225,7 +225,8 @@ func TestSecretsRedactedInFailures(t *testing.T) {
 			environ:  []string{"RATCHET_POSTGRES_URL=postgres://postgres:" + pgPassword + "@127.0.0.1:notaport/x"},
 			wantCode: cli.ExitConfig, wantErr: "postgres.url"},
 		{name: "closed postgres port", args: []string{"run"},
-			environ:  []string{"RATCHET_POSTGRES_URL=" + closedPG, "RATCHET_HTTP_ADDR="},
+			// An unreachable database is waited for until startup.timeout.
+			environ:  []string{"RATCHET_POSTGRES_URL=" + closedPG, "RATCHET_HTTP_ADDR=", "RATCHET_STARTUP_TIMEOUT=2s"},
 			wantCode: cli.ExitError, wantErr: "127.0.0.1:1"},
 		{name: "closed postgres port, migrate", args: []string{"migrate"},
 			environ:  []string{"RATCHET_POSTGRES_URL=" + closedPG},
