@@ -121,12 +121,16 @@ func TestStaticBinaryConsumesIntoPostgres(t *testing.T) {
 		}
 	}
 
+	// The page listens first (a start waits for PostgreSQL and Kafka);
+	// the schema exists once the instance is ready.
+	testenv.Eventually(t, 45*time.Second, func() bool {
+		return exited() || httpGet(t, "http://"+addr+"/readyz") == http.StatusOK
+	}, "ratchet is ready")
 	conn, err := pgx.Connect(context.Background(), dbURL)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	defer conn.Close(context.Background())
-	// The schema exists once ratchet listens (it migrates first).
 	applied := func() int64 {
 		var n int64
 		if err := conn.QueryRow(context.Background(), `SELECT coalesce(sum(count), 0) FROM dashboard_rollups`).Scan(&n); err != nil {
