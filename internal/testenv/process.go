@@ -21,14 +21,20 @@ import (
 // empty) and returns the binary's path.
 func BuildRatchet(tb testing.TB, dir string) string {
 	tb.Helper()
+	return build(tb, dir, "ratchet", "ratchet/cmd/ratchet")
+}
+
+// build builds the main package pkg into dir/name.
+func build(tb testing.TB, dir, name, pkg string) string {
+	tb.Helper()
 	if dir == "" {
 		dir = tb.TempDir()
 	}
-	bin := filepath.Join(dir, "ratchet")
-	cmd := exec.Command("go", "build", "-o", bin, "ratchet/cmd/ratchet")
+	bin := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Run(); err != nil {
-		tb.Fatalf("build ratchet: %v", err)
+		tb.Fatalf("build %s: %v", pkg, err)
 	}
 	return bin
 }

@@ -26,16 +26,10 @@ import (
 
 const topic = "events"
 
-// buildBinary builds cmd/ratchet once for the test.
+// buildBinary builds cmd/ratchet for the test.
 func buildBinary(tb testing.TB) string {
 	tb.Helper()
-	bin := filepath.Join(tb.TempDir(), "ratchet")
-	cmd := exec.Command("go", "build", "-o", bin, "ratchet/cmd/ratchet")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Run(); err != nil {
-		tb.Fatalf("build ratchet: %v", err)
-	}
-	return bin
+	return testenv.BuildRatchet(tb, "")
 }
 
 type instance struct {
