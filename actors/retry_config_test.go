@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,5 +58,44 @@ func TestPartitionRetriesPreparedStatementErrors(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(cfg.Metrics.Retries.WithLabelValues("config")); got != 5 {
 		t.Errorf("retries of class config = %v, want 5", got)
+	}
+}
+
+// unansweredCommitApplier answers the first batch as a COMMIT that went
+// unanswered (the backend terminated while committing), then applies.
+type unansweredCommitApplier struct {
+	recordingApplier
+	unanswered atomic.Int64
+}
+
+func (a *unansweredCommitApplier) ApplyWith(ctx context.Context, b processor.Batch, c *store.Claim, o store.ApplyOptions) error {
+	if a.unanswered.Add(-1) >= 0 {
+		return fmt.Errorf("commit: %w", &store.CommitUnknownError{Err: &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}})
+	}
+	return a.recordingApplier.ApplyWith(ctx, b, c, o)
+}
+
+// TestUnansweredCommitIsAnnouncedAtLeastOnce: in at-least-once mode a batch
+// whose COMMIT went unanswered may already be applied; applying it again
+// may count it twice, so the retry says so and counts the records in
+// ratchet_uncommitted_records_total, as every other replay is announced.
+func TestUnansweredCommitIsAnnouncedAtLeastOnce(t *testing.T) {
+	app, dlq := &unansweredCommitApplier{}, &countingDLQ{}
+	app.unanswered.Store(1)
+	sys, pid, cfg := startDecodingPartition(t, app, dlq, nil)
+
+	var msgs []*kafka.Message
+	for off := range int64(4) {
+		msgs = append(msgs, message(off, []byte{'a'}))
+	}
+	cfg.Held.Add(len(msgs), messagesBytes(msgs))
+	sys.Root.Send(pid, &Records{Msgs: msgs})
+
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(app.records()) == 4 }, "all records applied")
+	if got := testutil.ToFloat64(cfg.Metrics.UncommittedRecords.WithLabelValues("events")); got != 4 {
+		t.Errorf("ratchet_uncommitted_records_total = %v, want 4 (the batch whose COMMIT went unanswered)", got)
+	}
+	if n := dlq.n.Load(); n != 0 {
+		t.Errorf("%d records dead-lettered for an unanswered COMMIT", n)
 	}
 }

@@ -141,7 +141,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			[]string{"topic"}),
 		UncommittedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_uncommitted_records_total",
-			Help: "Applied records whose offsets were left uncommitted in Kafka at a stop or revoke deadline, or by a lost assignment."},
+			Help: "Applied records whose offsets were left uncommitted in Kafka at a stop or revoke deadline, or by a lost assignment; in at-least-once mode also the records of a batch whose COMMIT went unanswered and is applied again."},
 			[]string{"topic"}),
 	}
 	m.ReplaysSkipped = prometheus.NewCounterVec(prometheus.CounterOpts{

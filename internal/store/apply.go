@@ -217,9 +217,9 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	case deferredErr != nil:
 		return deferredErr
 	case commitErr != nil:
-		return fmt.Errorf("commit: %w", commitErr)
+		return fmt.Errorf("commit: %w", &CommitUnknownError{Err: commitErr})
 	case closeErr != nil:
-		return fmt.Errorf("commit: %w", closeErr)
+		return fmt.Errorf("commit: %w", &CommitUnknownError{Err: closeErr})
 	}
 	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
 		// COMMIT answered without error yet a transaction is still open:
@@ -292,4 +292,21 @@ func queueDeadLetters(batch *pgx.Batch, claim *Claim, dead []DeadLetter) {
 INSERT INTO ratchet_dead_letters (consumer_group, topic, partition, "offset", error, attempts, dlq_topic, failed_at)
 SELECT $1, $2, $3, o, e, a, d, f FROM unnest($4::bigint[], $5::text[], $6::int[], $7::text[], $8::timestamptz[]) AS t(o, e, a, d, f)
 ON CONFLICT DO NOTHING`, claim.Group, claim.Topic, claim.Partition, offsets, errs, attempts, topics, at)
+}
+
+// CommitUnknownError is a batch transaction whose COMMIT was sent but not
+// answered (the connection dropped, the backend was terminated): the
+// server may have committed it. In exactly-once mode the retry finds out
+// from the stored offset; in at-least-once mode nothing tells, and applying
+// the batch again may count it twice.
+type CommitUnknownError struct{ Err error }
+
+func (e *CommitUnknownError) Error() string { return e.Err.Error() }
+func (e *CommitUnknownError) Unwrap() error { return e.Err }
+
+// IsCommitUnknown reports whether err is a batch whose COMMIT may or may not
+// have taken effect.
+func IsCommitUnknown(err error) bool {
+	var cu *CommitUnknownError
+	return errors.As(err, &cu)
 }
