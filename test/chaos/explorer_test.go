@@ -234,6 +234,10 @@ func explore(t *testing.T, bin string, s chaos.Schedule) {
 	// The load and the faults run side by side; each fault is a goroutine
 	// that waits for its moment, acts, waits for its duration and undoes.
 	var wg sync.WaitGroup
+	watching := make(chan struct{})
+	var watched sync.WaitGroup
+	watched.Go(func() { r.watchCommits(watching) }) // ends when watching is closed, after the final stop
+	defer func() { close(watching); watched.Wait() }()
 	wg.Go(r.produce)
 	for _, f := range s.Faults {
 		wg.Go(func() { r.inject(f) })
@@ -480,6 +484,42 @@ func (r *run) inject(f chaos.Fault) {
 		time.Sleep(f.Duration) // the registry is down
 		r.registry.Fail(0)
 		r.note("registry answers again")
+	}
+}
+
+// watchCommits polls the group's committed offsets until stop is closed
+// and records every move backwards: the group position only moves
+// forward, except where an offsets reset moved it back on purpose.
+func (r *run) watchCommits(stop <-chan struct{}) {
+	last := map[int32]int64{}
+	tick := time.NewTicker(50 * time.Millisecond) // polling the broker's state
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		info := r.cluster.GroupInfo(group)
+		if info == nil {
+			continue
+		}
+		for p, c := range info.Commits[topic] {
+			if prev, ok := last[p]; ok && c.Offset < prev {
+				r.mu.Lock()
+				reset := len(r.extra[p]) > 0
+				r.mu.Unlock()
+				if reset {
+					r.note("committed offset of partition %d moved back from %d to %d after an offsets reset", p, prev, c.Offset)
+				} else {
+					r.note("committed offset of partition %d moved BACK from %d to %d", p, prev, c.Offset)
+					if r.s.Mode == chaos.AtLeastOnce {
+						r.violate("the committed offset of partition %d moved back from %d to %d (%d records to replay, announced by no one)", p, prev, c.Offset, prev-c.Offset)
+					}
+				}
+			}
+			last[p] = c.Offset
+		}
 	}
 }
 
