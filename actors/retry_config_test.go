@@ -16,17 +16,17 @@ import (
 	"ratchet/processor"
 )
 
-// refusingApplier refuses the first refusals batches with a prepared
-// statement error (what a transaction-mode pooler returns to pgx's
-// statement cache), then applies like recordingApplier.
-type refusingApplier struct {
+// failingApplier fails its first batches with err (as many as fails
+// says), then applies like recordingApplier.
+type failingApplier struct {
 	recordingApplier
-	refusals atomic.Int64
+	err   error
+	fails atomic.Int64
 }
 
-func (a *refusingApplier) ApplyWith(ctx context.Context, b processor.Batch, c *store.Claim, o store.ApplyOptions) error {
-	if a.refusals.Add(-1) >= 0 {
-		return &pgconn.PgError{Code: "42P05", Message: `prepared statement "stmtcache_1" already exists`}
+func (a *failingApplier) ApplyWith(ctx context.Context, b processor.Batch, c *store.Claim, o store.ApplyOptions) error {
+	if a.fails.Add(-1) >= 0 {
+		return a.err
 	}
 	return a.recordingApplier.ApplyWith(ctx, b, c, o)
 }
@@ -36,8 +36,10 @@ func (a *refusingApplier) ApplyWith(ctx context.Context, b processor.Batch, c *s
 // as class "config") and nothing is isolated or dead-lettered, even with
 // retry.max_attempts 1.
 func TestPartitionRetriesPreparedStatementErrors(t *testing.T) {
-	app, dlq := &refusingApplier{}, &countingDLQ{}
-	app.refusals.Store(5)
+	// What a transaction-mode pooler returns to pgx's statement cache.
+	app := &failingApplier{err: &pgconn.PgError{Code: "42P05", Message: `prepared statement "stmtcache_1" already exists`}}
+	dlq := &countingDLQ{}
+	app.fails.Store(5)
 	sys, pid, cfg := startDecodingPartition(t, app, dlq, nil)
 
 	var msgs []*kafka.Message
@@ -61,27 +63,16 @@ func TestPartitionRetriesPreparedStatementErrors(t *testing.T) {
 	}
 }
 
-// unansweredCommitApplier answers the first batch as a COMMIT that went
-// unanswered (the backend terminated while committing), then applies.
-type unansweredCommitApplier struct {
-	recordingApplier
-	unanswered atomic.Int64
-}
-
-func (a *unansweredCommitApplier) ApplyWith(ctx context.Context, b processor.Batch, c *store.Claim, o store.ApplyOptions) error {
-	if a.unanswered.Add(-1) >= 0 {
-		return fmt.Errorf("commit: %w", &store.CommitUnknownError{Err: &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}})
-	}
-	return a.recordingApplier.ApplyWith(ctx, b, c, o)
-}
-
 // TestUnansweredCommitIsAnnouncedAtLeastOnce: in at-least-once mode a batch
 // whose COMMIT went unanswered may already be applied; applying it again
 // may count it twice, so the retry says so and counts the records in
 // ratchet_uncommitted_records_total, as every other replay is announced.
 func TestUnansweredCommitIsAnnouncedAtLeastOnce(t *testing.T) {
-	app, dlq := &unansweredCommitApplier{}, &countingDLQ{}
-	app.unanswered.Store(1)
+	// The backend terminated while committing.
+	app := &failingApplier{err: fmt.Errorf("commit: %w", &store.CommitUnknownError{
+		Err: &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}})}
+	dlq := &countingDLQ{}
+	app.fails.Store(1)
 	sys, pid, cfg := startDecodingPartition(t, app, dlq, nil)
 
 	var msgs []*kafka.Message
