@@ -45,6 +45,10 @@ type Config struct {
 	Startup        Startup
 	Log            Log
 	SchemaRegistry SchemaRegistry
+	// Pipelines (pipelines, file only) are processors declared in
+	// configuration; when there are any, ratchet run applies them instead
+	// of the built-in dashboard.
+	Pipelines []Pipeline
 }
 
 // Kafka is the kafka section: where to read and how.
@@ -304,6 +308,10 @@ func (c *Config) loadFile(path string) []Problem {
 	var ps []Problem
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		section, body := top.Content[i].Value, resolve(top.Content[i+1])
+		if section == "pipelines" {
+			ps = append(ps, c.loadPipelines(body)...)
+			continue
+		}
 		if !slices.Contains(sections(), section) {
 			reason := "unknown key"
 			if _, ok := lookup(section); ok {

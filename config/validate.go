@@ -56,7 +56,7 @@ func (p Problem) Error() string {
 // control characters in it cannot break the one-line-per-problem output.
 func safeName(s string) string {
 	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' || r == '/') {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' || r == '/' || r == '[' || r == ']') {
 			return strconv.Quote(s)
 		}
 	}
@@ -129,6 +129,7 @@ func (c Config) Validate() error {
 	c.validateKafka(v)
 	c.validatePostgres(v)
 	c.validateSchemaRegistry(v)
+	c.validatePipelines(v)
 
 	p := c.Processing
 	v.intRange("processing.batch_size", p.BatchSize, 1, 100000)

@@ -1,0 +1,382 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"ratchet/internal/event"
+)
+
+// Pipeline formats (pipelines[].format).
+const (
+	PipelineJSON     = "json"     // any JSON document (JSON Schema wire format with a registry)
+	PipelineAvro     = "avro"     // Schema Registry wire format, the writer's Avro schema
+	PipelineProtobuf = "protobuf" // Schema Registry wire format, the writer's message type
+	PipelineEvent    = "event"    // ratchet.v1.Event as the topic's kafka.format says
+)
+
+// Tombstone handling of an upsert pipeline (pipelines[].upsert.on_tombstone).
+const (
+	TombstoneIgnore = "ignore"
+	TombstoneDelete = "delete"
+)
+
+// Pipeline is one entry of the pipelines list: a processor declared in
+// configuration that writes what it reads from Topic into a table, either
+// keeping the latest row per key (Upsert) or aggregating per group and
+// time bucket (Rollup). Expressions are CEL; package processor/pipeline
+// compiles them.
+type Pipeline struct {
+	Name   string
+	Topic  string
+	Format string
+	Where  string // empty: every record
+	Upsert *Upsert
+	Rollup *Rollup
+}
+
+// Column is a column name and the CEL expression that yields its value.
+// Lists of them keep the order of the file.
+type Column struct {
+	Name string
+	Expr string
+}
+
+// Upsert is a pipeline sink that keeps one row per key.
+type Upsert struct {
+	Table       string
+	Key         []Column
+	Columns     []Column
+	OnTombstone string // TombstoneIgnore (default) or TombstoneDelete
+}
+
+// Rollup is a pipeline sink that aggregates records per group and time
+// bucket. Each aggregate is "count" or sum(E), min(E), max(E).
+type Rollup struct {
+	Table        string
+	Time         string
+	Bucket       time.Duration
+	BucketColumn string
+	GroupBy      []Column
+	Aggregates   []Column
+}
+
+// PipelineKey returns the key path of the i-th pipeline, e.g. pipelines[1],
+// followed by the parts given: PipelineKey(1, "rollup", "aggregates",
+// "revenue") is pipelines[1].rollup.aggregates.revenue.
+func PipelineKey(i int, parts ...string) string {
+	return strings.Join(append([]string{fmt.Sprintf("pipelines[%d]", i)}, parts...), ".")
+}
+
+// loadPipelines reads the pipelines list of the file. Unknown keys and
+// values of the wrong shape are problems naming their path.
+func (c *Config) loadPipelines(n *yaml.Node) []Problem {
+	c.Pipelines = nil
+	if isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		return []Problem{{Key: "pipelines", Value: nodeText(n), Allowed: "a list of pipelines ({name, topic, format, upsert | rollup})"}}
+	}
+	var ps []Problem
+	for i, e := range n.Content {
+		p, eps := loadPipeline(i, resolve(e))
+		ps = append(ps, eps...)
+		c.Pipelines = append(c.Pipelines, p)
+	}
+	return ps
+}
+
+func loadPipeline(i int, n *yaml.Node) (Pipeline, []Problem) {
+	var p Pipeline
+	key := PipelineKey(i)
+	if n.Kind != yaml.MappingNode {
+		return p, []Problem{{Key: key, Value: nodeText(n), Allowed: "a mapping with name, topic, format and upsert or rollup"}}
+	}
+	var ps []Problem
+	scalar := func(k string, v *yaml.Node, dst *string) {
+		if v.Kind != yaml.ScalarNode {
+			ps = append(ps, Problem{Key: k, Value: nodeText(v), Allowed: "a single value"})
+			return
+		}
+		if !isNull(v) {
+			*dst = strings.TrimSpace(v.Value)
+		}
+	}
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		name, v := n.Content[j].Value, resolve(n.Content[j+1])
+		k := key + "." + name
+		switch name {
+		case "name":
+			scalar(k, v, &p.Name)
+		case "topic":
+			scalar(k, v, &p.Topic)
+		case "format":
+			scalar(k, v, &p.Format)
+		case "where":
+			scalar(k, v, &p.Where)
+		case "upsert":
+			if isNull(v) {
+				continue
+			}
+			u, ups := loadUpsert(k, v)
+			p.Upsert, ps = u, append(ps, ups...)
+		case "rollup":
+			if isNull(v) {
+				continue
+			}
+			r, rps := loadRollup(k, v)
+			p.Rollup, ps = r, append(ps, rps...)
+		default:
+			ps = append(ps, unknownIn(k, name, "name", "topic", "format", "where", "upsert", "rollup"))
+		}
+	}
+	return p, ps
+}
+
+func unknownIn(k, name string, known ...string) Problem {
+	reason := "unknown key"
+	if near := nearest(name, known); near != "" {
+		reason += " (did you mean " + near + "?)"
+	} else {
+		reason += " (allowed: " + strings.Join(known, ", ") + ")"
+	}
+	return Problem{Key: k, Reason: reason}
+}
+
+func loadUpsert(key string, n *yaml.Node) (*Upsert, []Problem) {
+	u := &Upsert{OnTombstone: TombstoneIgnore}
+	if n.Kind != yaml.MappingNode {
+		return u, []Problem{{Key: key, Value: nodeText(n), Allowed: "a mapping with table, key, columns and on_tombstone"}}
+	}
+	var ps []Problem
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		name, v := n.Content[j].Value, resolve(n.Content[j+1])
+		k := key + "." + name
+		switch name {
+		case "table":
+			ps = append(ps, scalarInto(k, v, &u.Table)...)
+		case "on_tombstone":
+			ps = append(ps, scalarInto(k, v, &u.OnTombstone)...)
+		case "key":
+			var cps []Problem
+			u.Key, cps = loadColumns(k, v)
+			ps = append(ps, cps...)
+		case "columns":
+			var cps []Problem
+			u.Columns, cps = loadColumns(k, v)
+			ps = append(ps, cps...)
+		default:
+			ps = append(ps, unknownIn(k, name, "table", "key", "columns", "on_tombstone"))
+		}
+	}
+	return u, ps
+}
+
+func loadRollup(key string, n *yaml.Node) (*Rollup, []Problem) {
+	r := &Rollup{}
+	if n.Kind != yaml.MappingNode {
+		return r, []Problem{{Key: key, Value: nodeText(n), Allowed: "a mapping with table, time, bucket, bucket_column, group_by and aggregates"}}
+	}
+	var ps []Problem
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		name, v := n.Content[j].Value, resolve(n.Content[j+1])
+		k := key + "." + name
+		switch name {
+		case "table":
+			ps = append(ps, scalarInto(k, v, &r.Table)...)
+		case "time":
+			ps = append(ps, scalarInto(k, v, &r.Time)...)
+		case "bucket_column":
+			ps = append(ps, scalarInto(k, v, &r.BucketColumn)...)
+		case "bucket":
+			var s string
+			if bps := scalarInto(k, v, &s); len(bps) > 0 {
+				ps = append(ps, bps...)
+				continue
+			}
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				ps = append(ps, Problem{Key: k, Value: s, Allowed: "a duration from 1s to 24h, such as 1m or 1h"})
+				continue
+			}
+			r.Bucket = d
+		case "group_by":
+			var cps []Problem
+			r.GroupBy, cps = loadColumns(k, v)
+			ps = append(ps, cps...)
+		case "aggregates":
+			var cps []Problem
+			r.Aggregates, cps = loadColumns(k, v)
+			ps = append(ps, cps...)
+		default:
+			ps = append(ps, unknownIn(k, name, "table", "time", "bucket", "bucket_column", "group_by", "aggregates"))
+		}
+	}
+	return r, ps
+}
+
+func scalarInto(k string, v *yaml.Node, dst *string) []Problem {
+	if v.Kind != yaml.ScalarNode {
+		return []Problem{{Key: k, Value: nodeText(v), Allowed: "a single value"}}
+	}
+	if !isNull(v) {
+		*dst = strings.TrimSpace(v.Value)
+	}
+	return nil
+}
+
+// loadColumns reads a mapping of column names to expressions, in order.
+func loadColumns(k string, n *yaml.Node) ([]Column, []Problem) {
+	if isNull(n) {
+		return nil, nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, []Problem{{Key: k, Value: nodeText(n), Allowed: "a mapping of column names to CEL expressions"}}
+	}
+	var out []Column
+	var ps []Problem
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		name, v := strings.TrimSpace(n.Content[j].Value), resolve(n.Content[j+1])
+		if v.Kind != yaml.ScalarNode || isNull(v) {
+			ps = append(ps, Problem{Key: k + "." + name, Value: nodeText(v), Allowed: "one CEL expression (quote it if it holds a colon or braces)"})
+			continue
+		}
+		out = append(out, Column{Name: name, Expr: strings.TrimSpace(v.Value)})
+	}
+	return out, ps
+}
+
+var (
+	pipelineName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+	// identifier is a column name or one part of a table name, as written
+	// unquoted in SQL (ratchet quotes them itself).
+	identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	tableName  = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// validatePipelines checks what can be checked without compiling the
+// expressions: names, topics, formats, the sink, columns and the bucket.
+func (c Config) validatePipelines(v *validator) {
+	if len(c.Pipelines) == 0 {
+		return
+	}
+	names := map[string]int{}
+	formats := map[string]string{} // topic → format of its first pipeline
+	read := map[string]bool{}
+	for i, p := range c.Pipelines {
+		k := func(parts ...string) string { return PipelineKey(i, parts...) }
+		switch {
+		case p.Name == "":
+			v.bad(k("name"), "", "a name matching [a-z][a-z0-9_]*")
+		case !pipelineName.MatchString(p.Name):
+			v.bad(k("name"), p.Name, "a name matching [a-z][a-z0-9_]*")
+		default:
+			if j, dup := names[p.Name]; dup {
+				v.bad(k("name"), p.Name, fmt.Sprintf("a unique name (%s has it too)", PipelineKey(j)))
+			} else {
+				names[p.Name] = i
+			}
+		}
+		if !slices.Contains(c.Kafka.Topics, p.Topic) {
+			v.bad(k("topic"), p.Topic, "one of kafka.topics ("+strings.Join(c.Kafka.Topics, ", ")+")")
+		} else {
+			read[p.Topic] = true
+		}
+		switch p.Format {
+		case PipelineJSON, PipelineEvent:
+		case PipelineAvro, PipelineProtobuf:
+			if c.SchemaRegistry.URL == "" {
+				v.bad(k("format"), p.Format, "json or event without schema_registry.url (avro and protobuf are read in the registry's wire format)")
+			}
+		default:
+			v.bad(k("format"), p.Format, "json, avro, protobuf or event")
+		}
+		if p.Format == PipelineEvent && slices.Contains(c.Kafka.Topics, p.Topic) && c.FormatFor(p.Topic) == event.FormatRaw {
+			v.bad(k("format"), p.Format, "json, avro or protobuf: topic "+p.Topic+" has kafka format raw, which decodes no event")
+		}
+		if f, ok := formats[p.Topic]; ok && f != p.Format && p.Topic != "" {
+			v.bad(k("format"), p.Format, fmt.Sprintf("%s, as the other pipelines of topic %s (a record is decoded once)", f, p.Topic))
+		} else if !ok {
+			formats[p.Topic] = p.Format
+		}
+		switch {
+		case p.Upsert == nil && p.Rollup == nil:
+			v.ps = append(v.ps, Problem{Key: k(), Reason: "no sink: give it upsert or rollup"})
+		case p.Upsert != nil && p.Rollup != nil:
+			v.ps = append(v.ps, Problem{Key: k(), Reason: "two sinks: give it upsert or rollup, not both"})
+		case p.Upsert != nil:
+			validateUpsert(v, k, p.Upsert)
+		default:
+			validateRollup(v, k, p.Rollup)
+		}
+	}
+	for _, t := range c.Kafka.Topics {
+		if !read[t] {
+			v.ps = append(v.ps, Problem{Key: "kafka.topics", Reason: fmt.Sprintf("topic %s is read by no pipeline (with pipelines, every input topic needs one)", t)})
+		}
+	}
+}
+
+func validateTable(v *validator, key, table string) {
+	if !tableName.MatchString(table) {
+		v.bad(key, table, "a table name, optionally schema-qualified (schema.table), of letters, digits and _")
+	}
+}
+
+func validateColumns(v *validator, key string, cols []Column, seen map[string]string, required bool) {
+	if required && len(cols) == 0 {
+		v.bad(key, "", "one or more column: CEL expression")
+	}
+	for _, col := range cols {
+		ck := key + "." + col.Name
+		if !identifier.MatchString(col.Name) {
+			v.bad(ck, col.Name, "a column name of letters, digits and _")
+			continue
+		}
+		lc := strings.ToLower(col.Name)
+		if other, dup := seen[lc]; dup {
+			v.bad(ck, col.Name, "a column not already written by "+other)
+			continue
+		}
+		seen[lc] = ck
+		if col.Expr == "" {
+			v.bad(ck, "", "a CEL expression")
+		}
+	}
+}
+
+func validateUpsert(v *validator, k func(...string) string, u *Upsert) {
+	validateTable(v, k("upsert", "table"), u.Table)
+	seen := map[string]string{}
+	validateColumns(v, k("upsert", "key"), u.Key, seen, true)
+	validateColumns(v, k("upsert", "columns"), u.Columns, seen, false)
+	switch u.OnTombstone {
+	case "", TombstoneIgnore, TombstoneDelete:
+	default:
+		v.bad(k("upsert", "on_tombstone"), u.OnTombstone, "delete or ignore")
+	}
+}
+
+func validateRollup(v *validator, k func(...string) string, r *Rollup) {
+	validateTable(v, k("rollup", "table"), r.Table)
+	if r.Time == "" {
+		v.bad(k("rollup", "time"), "", "a CEL expression for the event time (a timestamp, an RFC 3339 string or epoch milliseconds)")
+	}
+	if r.Bucket < time.Second || r.Bucket > 24*time.Hour || r.Bucket%time.Second != 0 {
+		v.bad(k("rollup", "bucket"), fmtDuration(r.Bucket), "a whole number of seconds from 1s to 24h, such as 1m")
+	}
+	seen := map[string]string{}
+	if !identifier.MatchString(r.BucketColumn) {
+		v.bad(k("rollup", "bucket_column"), r.BucketColumn, "a timestamptz column name of letters, digits and _")
+	} else {
+		seen[strings.ToLower(r.BucketColumn)] = k("rollup", "bucket_column")
+	}
+	validateColumns(v, k("rollup", "group_by"), r.GroupBy, seen, false)
+	validateColumns(v, k("rollup", "aggregates"), r.Aggregates, seen, true)
+}

@@ -1,0 +1,301 @@
+package pipeline
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/ext"
+
+	"ratchet/config"
+	ratchetv1 "ratchet/messages/ratchet/v1"
+)
+
+// Aggregate kinds of a rollup.
+const (
+	aggCount = "count"
+	aggSum   = "sum"
+	aggMin   = "min"
+	aggMax   = "max"
+)
+
+// Set is the compiled pipelines of a configuration, grouped by topic. It
+// is immutable after Compile and safe for concurrent use.
+type Set struct {
+	pipelines []*pipeline
+	byTopic   map[string][]*pipeline
+	// formats is the pipeline format of each topic (one per topic).
+	formats map[string]string
+}
+
+// pipeline is one compiled pipeline.
+type pipeline struct {
+	index  int // position in the pipelines list, for key paths
+	name   string
+	topic  string
+	format string
+	where  *expr // nil: every record
+	upsert *upsertSink
+	rollup *rollupSink
+}
+
+// expr is one compiled CEL expression and where it came from.
+type expr struct {
+	key  string // its key path, e.g. pipelines[0].upsert.columns.amount
+	src  string
+	prg  cel.Program
+	out  *cel.Type
+	name string // the column it writes, if any
+}
+
+type upsertSink struct {
+	table       string
+	key         []*expr
+	columns     []*expr
+	deleteOnNil bool // on_tombstone: delete
+}
+
+type rollupSink struct {
+	table        string
+	time         *expr
+	bucket       time.Duration
+	bucketColumn string
+	groupBy      []*expr
+	aggregates   []*aggregate
+}
+
+// aggregate is one aggregate column: count, or sum/min/max of arg.
+type aggregate struct {
+	column string
+	kind   string
+	arg    *expr // nil for count
+	key    string
+}
+
+// newEnv returns the CEL environment of pipeline expressions: value (the
+// decoded record value, any type) and record (its Kafka metadata). With
+// withValue false, value is not declared: an expression that compiles
+// there does not read the value (tombstone deletes need such keys).
+func newEnv(withValue bool) (*cel.Env, error) {
+	opts := []cel.EnvOption{
+		cel.Variable("record", cel.MapType(cel.StringType, cel.DynType)),
+		cel.Types(&ratchetv1.Event{}),
+		ext.Strings(), ext.Encoders(), ext.Math(), cel.OptionalTypes(),
+	}
+	if withValue {
+		opts = append(opts, cel.Variable("value", cel.DynType))
+	}
+	return cel.NewEnv(opts...)
+}
+
+// Compile compiles the pipelines of cfg, which has passed cfg.Validate.
+// Every expression that does not compile, a where that cannot be a bool, an
+// aggregate that is not count, sum(E), min(E) or max(E), and a tombstone
+// delete whose key reads value are reported together as a *config.Error,
+// one line per problem naming its key path. Compile returns nil, nil when
+// cfg has no pipelines.
+func Compile(cfg config.Config) (*Set, error) {
+	if len(cfg.Pipelines) == 0 {
+		return nil, nil
+	}
+	env, err := newEnv(true)
+	if err != nil {
+		return nil, fmt.Errorf("pipelines: CEL environment: %w", err)
+	}
+	noValue, err := newEnv(false)
+	if err != nil {
+		return nil, fmt.Errorf("pipelines: CEL environment: %w", err)
+	}
+	c := &compiler{env: env, noValue: noValue}
+	s := &Set{byTopic: map[string][]*pipeline{}, formats: map[string]string{}}
+	for i, pc := range cfg.Pipelines {
+		p := &pipeline{index: i, name: pc.Name, topic: pc.Topic, format: pc.Format}
+		if pc.Where != "" {
+			p.where = c.compile(config.PipelineKey(i, "where"), pc.Where, "")
+			if p.where != nil && !canBe(p.where.out, cel.BoolType) {
+				c.bad(p.where.key, pc.Where, "a CEL expression that yields a bool (this one yields "+p.where.out.String()+")")
+			}
+		}
+		switch {
+		case pc.Upsert != nil:
+			p.upsert = c.upsert(i, pc.Upsert)
+		case pc.Rollup != nil:
+			p.rollup = c.rollup(i, pc.Rollup)
+		}
+		s.pipelines = append(s.pipelines, p)
+		s.byTopic[p.topic] = append(s.byTopic[p.topic], p)
+		s.formats[p.topic] = p.format
+	}
+	if len(c.ps) > 0 {
+		return nil, &config.Error{Problems: c.ps}
+	}
+	return s, nil
+}
+
+type compiler struct {
+	env, noValue *cel.Env
+	ps           []config.Problem
+}
+
+func (c *compiler) bad(key, value, allowed string) {
+	c.ps = append(c.ps, config.Problem{Key: key, Value: value, Allowed: allowed})
+}
+
+// compile compiles src; a problem is recorded and nil returned when it
+// does not compile.
+func (c *compiler) compile(key, src, column string) *expr {
+	ast, iss := c.env.Compile(src)
+	if iss != nil && iss.Err() != nil {
+		c.ps = append(c.ps, config.Problem{Key: key, Reason: "CEL does not compile: " + oneLine(iss.Err().Error())})
+		return nil
+	}
+	prg, err := c.env.Program(ast, cel.EvalOptions(cel.OptOptimize))
+	if err != nil {
+		c.ps = append(c.ps, config.Problem{Key: key, Reason: "CEL program: " + oneLine(err.Error())})
+		return nil
+	}
+	return &expr{key: key, src: src, prg: prg, out: ast.OutputType(), name: column}
+}
+
+// readsValue reports whether src needs the variable value.
+func (c *compiler) readsValue(src string) bool {
+	_, iss := c.noValue.Compile(src)
+	return iss != nil && iss.Err() != nil
+}
+
+func (c *compiler) columns(key string, cols []config.Column) []*expr {
+	out := make([]*expr, 0, len(cols))
+	for _, col := range cols {
+		if e := c.compile(key+"."+col.Name, col.Expr, strings.ToLower(col.Name)); e != nil {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (c *compiler) upsert(i int, u *config.Upsert) *upsertSink {
+	s := &upsertSink{table: u.Table, deleteOnNil: u.OnTombstone == config.TombstoneDelete}
+	s.key = c.columns(config.PipelineKey(i, "upsert", "key"), u.Key)
+	s.columns = c.columns(config.PipelineKey(i, "upsert", "columns"), u.Columns)
+	if s.deleteOnNil {
+		for _, k := range u.Key {
+			if c.readsValue(k.Expr) {
+				c.bad(config.PipelineKey(i, "upsert", "key", k.Name), k.Expr,
+					"an expression of record only (a tombstone has no value, and on_tombstone is delete), e.g. string(record.key)")
+			}
+		}
+	}
+	return s
+}
+
+func (c *compiler) rollup(i int, r *config.Rollup) *rollupSink {
+	s := &rollupSink{table: r.Table, bucket: r.Bucket, bucketColumn: strings.ToLower(r.BucketColumn)}
+	s.time = c.compile(config.PipelineKey(i, "rollup", "time"), r.Time, "")
+	if s.time != nil && !canBe(s.time.out, cel.TimestampType, cel.StringType, cel.IntType, cel.UintType, cel.DoubleType) {
+		c.bad(s.time.key, r.Time, "a timestamp, an RFC 3339 string or epoch milliseconds (this one yields "+s.time.out.String()+")")
+	}
+	s.groupBy = c.columns(config.PipelineKey(i, "rollup", "group_by"), r.GroupBy)
+	for _, a := range r.Aggregates {
+		key := config.PipelineKey(i, "rollup", "aggregates", a.Name)
+		kind, arg, ok := parseAggregate(a.Expr)
+		if !ok {
+			c.bad(key, a.Expr, "count, sum(E), min(E) or max(E) with E a CEL expression")
+			continue
+		}
+		ag := &aggregate{column: strings.ToLower(a.Name), kind: kind, key: key}
+		if kind != aggCount {
+			if ag.arg = c.compile(key, arg, ""); ag.arg == nil {
+				continue
+			}
+			if !canBe(ag.arg.out, cel.IntType, cel.UintType, cel.DoubleType) {
+				c.bad(key, a.Expr, kind+" of a number (int, uint or double; this one yields "+ag.arg.out.String()+")")
+				continue
+			}
+		}
+		s.aggregates = append(s.aggregates, ag)
+	}
+	return s
+}
+
+// parseAggregate splits "count", "sum(E)", "min(E)" or "max(E)". The
+// parentheses must enclose all of E: "sum(a) + sum(b)" is not one.
+func parseAggregate(s string) (kind, arg string, ok bool) {
+	s = strings.TrimSpace(s)
+	if s == aggCount || s == aggCount+"()" {
+		return aggCount, "", true
+	}
+	for _, k := range []string{aggSum, aggMin, aggMax} {
+		rest, found := strings.CutPrefix(s, k)
+		if !found {
+			continue
+		}
+		rest = strings.TrimSpace(rest)
+		if !strings.HasPrefix(rest, "(") || !strings.HasSuffix(rest, ")") || closing(rest) != len(rest)-1 {
+			return "", "", false
+		}
+		arg = strings.TrimSpace(rest[1 : len(rest)-1])
+		return k, arg, arg != ""
+	}
+	return "", "", false
+}
+
+// closing returns the index of the parenthesis that closes s[0], skipping
+// string literals; -1 when there is none.
+func closing(s string) int {
+	depth := 0
+	var quote byte
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case quote != 0:
+			if ch == '\\' {
+				i++
+			} else if ch == quote {
+				quote = 0
+			}
+		case ch == '"' || ch == '\'':
+			quote = ch
+		case ch == '(':
+			depth++
+		case ch == ')':
+			depth--
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// canBe reports whether a value of static type t may be one of want at run
+// time: t is one of them, or dyn (checked per record then).
+func canBe(t *cel.Type, want ...*cel.Type) bool {
+	if t == nil || t.IsExactType(cel.DynType) || t.Kind() == cel.DynKind || t.Kind() == cel.AnyKind {
+		return true
+	}
+	for _, w := range want {
+		if t.IsExactType(w) {
+			return true
+		}
+	}
+	return false
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// Names returns the pipelines' names in configuration order.
+func (s *Set) Names() []string {
+	out := make([]string, len(s.pipelines))
+	for i, p := range s.pipelines {
+		out[i] = p.name
+	}
+	return out
+}
+
+// Format returns the pipeline format of topic's records, and false when
+// no pipeline reads topic.
+func (s *Set) Format(topic string) (string, bool) {
+	f, ok := s.formats[topic]
+	return f, ok
+}

@@ -1,0 +1,37 @@
+// Package pipeline runs the pipelines declared in ratchet's configuration
+// (the pipelines: list) as one processor.Processor: it writes what the
+// records of a topic say into the user's own tables, either keeping the
+// latest row per key (upsert) or aggregating per group and time bucket
+// (rollup), without Go code.
+//
+// Its moving parts:
+//
+//   - Compile (compile.go) turns the configuration into a Set: every CEL
+//     expression compiled once, each problem a *config.Error line naming
+//     its key path (pipelines[1].rollup.aggregates.revenue), exit code 2.
+//   - Decoder (decode.go) turns a record value into what the expressions
+//     read as value: a JSON document into maps, lists, strings, int64,
+//     float64 and bools; a ratchet.v1.Event (format event) stays the
+//     message the topic's decoder made.
+//   - Check (schema.go) compares every pipeline with the database: the
+//     table and its columns exist and a unique constraint or primary key
+//     covers exactly the upsert key, or the rollup's group columns and
+//     bucket column. It also learns each column's type, which the writes
+//     cast their text values to.
+//   - Processor (processor.go) applies a batch: for each record, in offset
+//     order, every pipeline of its topic evaluates its expressions; upsert
+//     rows collapse per key (the last offset wins, a tombstone may delete),
+//     rollups fold per group and bucket in memory; then each pipeline
+//     writes its rows in one set-based statement, in key order, in the
+//     batch's transaction.
+//
+// The life of one record: the partition decodes it (Decoder); the batch
+// reaches Processor.Process; each pipeline of the topic evaluates it. A
+// record that any pipeline cannot evaluate fails the whole batch with a
+// processor.Permanent error naming the pipeline, so the engine bisects
+// the batch and dead-letters that record alone, once, applied by none of
+// the pipelines; the rest of the batch is applied by all of them in one
+// transaction. A value PostgreSQL refuses (SQLSTATE classes 22 and 23) is
+// isolated the same way: once bisection has left the record alone, its
+// statements run at once, so the error names the pipeline too.
+package pipeline

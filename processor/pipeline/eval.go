@@ -1,0 +1,233 @@
+package pipeline
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+	"github.com/google/cel-go/interpreter"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"ratchet/processor"
+)
+
+// activation returns the CEL variables of rec: value (what the topic's
+// format decoded) and record (its Kafka metadata).
+func activation(rec *processor.Record, format string) (interpreter.Activation, error) {
+	headers := make(map[string][]byte, len(rec.Headers))
+	for _, h := range rec.Headers {
+		headers[h.Key] = h.Value // the last of a name wins
+	}
+	key := rec.Key
+	if key == nil {
+		key = []byte{}
+	}
+	vars := map[string]any{
+		"record": map[string]any{
+			"key":       key,
+			"headers":   headers,
+			"timestamp": rec.Timestamp,
+			"topic":     rec.Topic,
+			"partition": int64(rec.Partition),
+			"offset":    rec.Offset,
+		},
+	}
+	switch {
+	case rec.Value == nil:
+		vars["value"] = nil
+	case format == "event":
+		vars["value"] = rec.Event
+	default:
+		vars["value"] = rec.Decoded
+	}
+	return cel.NewActivation(vars)
+}
+
+// eval evaluates e; an evaluation error names e's key path.
+func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
+	v, _, err := e.prg.Eval(act)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s", e.shortKey(), err)
+	}
+	return v, nil
+}
+
+// shortKey is the key path without the pipelines[i] prefix (the pipeline
+// is named next to it): upsert.columns.amount.
+func (e *expr) shortKey() string {
+	if _, rest, ok := strings.Cut(e.key, "]."); ok {
+		return rest
+	}
+	return e.key
+}
+
+// whereHolds evaluates a where expression: its result must be a bool.
+func (e *expr) whereHolds(act interpreter.Activation) (bool, error) {
+	v, err := e.eval(act)
+	if err != nil {
+		return false, err
+	}
+	b, ok := v.(types.Bool)
+	if !ok {
+		return false, fmt.Errorf("%s: yields %s, not a bool", e.shortKey(), v.Type().TypeName())
+	}
+	return bool(b), nil
+}
+
+// text renders a CEL value as the text PostgreSQL reads for a column of
+// type pgType (format_type's spelling); nil is SQL NULL. The statement
+// casts it to the column's type, so PostgreSQL itself refuses what does
+// not fit (a record error, SQLSTATE class 22).
+func text(v ref.Val, pgType string) (*string, error) {
+	var s string
+	switch x := v.(type) {
+	case types.Null:
+		return nil, nil
+	case types.String:
+		s = string(x)
+	case types.Bool:
+		s = strconv.FormatBool(bool(x))
+	case types.Int:
+		s = strconv.FormatInt(int64(x), 10)
+	case types.Uint:
+		s = strconv.FormatUint(uint64(x), 10)
+	case types.Double:
+		s = formatFloat(float64(x))
+	case types.Bytes:
+		if pgType == "bytea" {
+			s = `\x` + hex.EncodeToString(x)
+		} else {
+			s = string(x)
+		}
+	case types.Timestamp:
+		s = x.Time.UTC().Format(time.RFC3339Nano)
+	case types.Duration:
+		s = strconv.FormatFloat(x.Duration.Seconds(), 'f', -1, 64) + " seconds"
+	default:
+		native, err := v.ConvertToNative(reflect.TypeOf(&structpb.Value{}))
+		if err != nil {
+			return nil, fmt.Errorf("a %s cannot be written to a column", v.Type().TypeName())
+		}
+		b, err := protojson.Marshal(native.(*structpb.Value))
+		if err != nil {
+			return nil, fmt.Errorf("a %s cannot be written as JSON: %w", v.Type().TypeName(), err)
+		}
+		s = string(b)
+	}
+	return &s, nil
+}
+
+func formatFloat(f float64) string {
+	switch {
+	case math.IsInf(f, 1):
+		return "Infinity"
+	case math.IsInf(f, -1):
+		return "-Infinity"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// eventTime reads a rollup's time: a timestamp, an RFC 3339 string, or
+// epoch milliseconds (int, uint or double).
+func eventTime(v ref.Val) (time.Time, error) {
+	switch x := v.(type) {
+	case types.Timestamp:
+		return x.Time, nil
+	case types.String:
+		t, err := time.Parse(time.RFC3339Nano, string(x))
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%q is not an RFC 3339 time", string(x))
+		}
+		return t, nil
+	case types.Int:
+		return time.UnixMilli(int64(x)), nil
+	case types.Uint:
+		if uint64(x) > math.MaxInt64 {
+			return time.Time{}, fmt.Errorf("%d epoch milliseconds is out of range", uint64(x))
+		}
+		return time.UnixMilli(int64(x)), nil
+	case types.Double:
+		f := float64(x)
+		if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > 1e17 {
+			return time.Time{}, fmt.Errorf("%v epoch milliseconds is out of range", f)
+		}
+		return time.UnixMicro(int64(math.Round(f * 1000))), nil
+	case types.Null:
+		return time.Time{}, errors.New("no time (null)")
+	}
+	return time.Time{}, fmt.Errorf("a %s is not a time (a timestamp, an RFC 3339 string or epoch milliseconds)", v.Type().TypeName())
+}
+
+// bucketStart is the start of t's bucket, buckets aligned to the Unix
+// epoch in UTC (so 1m, 1h and 24h buckets start on the minute, hour and
+// day).
+func bucketStart(t time.Time, bucket time.Duration) time.Time {
+	sec := int64(bucket / time.Second)
+	u := t.Unix()
+	start := u - ((u%sec)+sec)%sec
+	return time.Unix(start, 0).UTC()
+}
+
+// number is a sum, min or max operand: an int64 while every operand was
+// an integer, a float64 from the first non-integer on.
+type number struct {
+	isFloat bool
+	i       int64
+	f       float64
+}
+
+func toNumber(v ref.Val) (number, error) {
+	switch x := v.(type) {
+	case types.Int:
+		return number{i: int64(x)}, nil
+	case types.Uint:
+		if uint64(x) > math.MaxInt64 {
+			return number{isFloat: true, f: float64(x)}, nil
+		}
+		return number{i: int64(x)}, nil
+	case types.Double:
+		return number{isFloat: true, f: float64(x)}, nil
+	}
+	return number{}, fmt.Errorf("a %s is not a number", v.Type().TypeName())
+}
+
+func (n number) float() float64 {
+	if n.isFloat {
+		return n.f
+	}
+	return float64(n.i)
+}
+
+func (n number) String() string {
+	if n.isFloat {
+		return formatFloat(n.f)
+	}
+	return strconv.FormatInt(n.i, 10)
+}
+
+// add returns n + m; an int64 overflow turns the sum into a float64.
+func (n number) add(m number) number {
+	if !n.isFloat && !m.isFloat {
+		s := n.i + m.i
+		if (s > n.i) == (m.i > 0) {
+			return number{i: s}
+		}
+	}
+	return number{isFloat: true, f: n.float() + m.float()}
+}
+
+func (n number) less(m number) bool {
+	if !n.isFloat && !m.isFloat {
+		return n.i < m.i
+	}
+	return n.float() < m.float()
+}

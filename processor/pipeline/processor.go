@@ -1,0 +1,467 @@
+package pipeline
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/cel-go/interpreter"
+	"github.com/jackc/pgx/v5"
+
+	"ratchet/processor"
+)
+
+// Name is the processor's name in logs and metrics.
+const Name = "pipelines"
+
+// Counters receive what the pipelines did, per pipeline name. Records are
+// counted once their batch's transaction was handed its writes: a batch
+// that is tried again counts again (the counters are a rate, not a
+// ledger). Nil methods are not called: use NopCounters to count nothing.
+type Counters interface {
+	// Records counts records by result: "written" (accepted by the
+	// pipeline), "filtered" (where was false) or "ignored" (a tombstone the
+	// pipeline does not delete on).
+	Records(pipeline, result string, n int)
+	// Rows counts rows sent to the table by operation: "upserted",
+	// "deleted" or "merged" (rollup rows).
+	Rows(pipeline, op string, n int)
+}
+
+// NopCounters counts nothing.
+type NopCounters struct{}
+
+// Records does nothing.
+func (NopCounters) Records(string, string, int) {}
+
+// Rows does nothing.
+func (NopCounters) Rows(string, string, int) {}
+
+// Processor applies the pipelines of a Set to batches. It is safe for
+// concurrent use by several partitions.
+type Processor struct {
+	set      *Set
+	counters Counters
+	stmts    map[int]*statements // by pipeline index
+	types    map[int]*table
+}
+
+// statements are one pipeline's SQL, built once.
+type statements struct {
+	upsert, delete string
+}
+
+// New returns the processor of set writing to the tables schema describes
+// (from Check). counters may be nil.
+func New(set *Set, schema *Schema, counters Counters) *Processor {
+	if counters == nil {
+		counters = NopCounters{}
+	}
+	p := &Processor{set: set, counters: counters, stmts: map[int]*statements{}, types: schema.tables}
+	for _, pl := range set.pipelines {
+		p.stmts[pl.index] = buildStatements(pl, schema.tables[pl.index])
+	}
+	return p
+}
+
+// Name returns "pipelines".
+func (*Processor) Name() string { return Name }
+
+// ReadsEvents returns false: pipelines read any value (processor.EventReader).
+func (*Processor) ReadsEvents() bool { return false }
+
+func typeOf(t *table, col string) string {
+	if t == nil {
+		return "text"
+	}
+	if typ, ok := t.types[col]; ok {
+		return typ
+	}
+	return "text"
+}
+
+// buildStatements writes a pipeline's statements. Values travel as text
+// arrays, one per column, and are cast to the column's type in the
+// statement: PostgreSQL parses them as it parses any literal.
+func buildStatements(pl *pipeline, t *table) *statements {
+	st := &statements{}
+	ident := quoteTable(sinkTable(pl))
+	if t != nil {
+		ident = t.ident
+	}
+	var cols, sel, params, alias []string
+	add := func(name string) {
+		i := len(cols)
+		typ := typeOf(t, name)
+		cols = append(cols, quoteColumn(name))
+		params = append(params, fmt.Sprintf("$%d::text[]", i+1))
+		alias = append(alias, fmt.Sprintf("c%d", i))
+		sel = append(sel, fmt.Sprintf("u.c%d::%s", i, typ))
+	}
+	if u := pl.upsert; u != nil {
+		for _, k := range u.key {
+			add(k.name)
+		}
+		for _, c := range u.columns {
+			add(c.name)
+		}
+		nk := len(u.key)
+		conflict := "DO NOTHING"
+		if len(u.columns) > 0 {
+			set := make([]string, 0, len(u.columns))
+			for _, c := range cols[nk:] {
+				set = append(set, c+" = EXCLUDED."+c)
+			}
+			conflict = "DO UPDATE SET " + strings.Join(set, ", ")
+		}
+		st.upsert = fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s FROM unnest(%s) AS u(%s) ON CONFLICT (%s) %s",
+			ident, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(params, ", "),
+			strings.Join(alias, ", "), strings.Join(cols[:nk], ", "), conflict)
+		if u.deleteOnNil {
+			match := make([]string, nk)
+			for i := range nk {
+				match[i] = fmt.Sprintf("r.%s = %s", cols[i], sel[i])
+			}
+			st.delete = fmt.Sprintf("DELETE FROM %s AS r USING unnest(%s) AS u(%s) WHERE %s",
+				ident, strings.Join(params[:nk], ", "), strings.Join(alias[:nk], ", "), strings.Join(match, " AND "))
+		}
+		return st
+	}
+	r := pl.rollup
+	for _, g := range r.groupBy {
+		add(g.name)
+	}
+	add(r.bucketColumn)
+	ng := len(cols)
+	set := make([]string, 0, len(r.aggregates))
+	for _, a := range r.aggregates {
+		add(a.column)
+		c := quoteColumn(a.column)
+		switch a.kind {
+		case aggCount, aggSum:
+			set = append(set, fmt.Sprintf("%s = COALESCE(r.%s, 0) + EXCLUDED.%s", c, c, c))
+		case aggMin:
+			set = append(set, fmt.Sprintf("%s = LEAST(r.%s, EXCLUDED.%s)", c, c, c))
+		case aggMax:
+			set = append(set, fmt.Sprintf("%s = GREATEST(r.%s, EXCLUDED.%s)", c, c, c))
+		}
+	}
+	st.upsert = fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s FROM unnest(%s) AS u(%s) ON CONFLICT (%s) DO UPDATE SET %s",
+		ident, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(params, ", "),
+		strings.Join(alias, ", "), strings.Join(cols[:ng], ", "), strings.Join(set, ", "))
+	return st
+}
+
+func sinkTable(pl *pipeline) string {
+	if pl.upsert != nil {
+		return pl.upsert.table
+	}
+	return pl.rollup.table
+}
+
+// upsertRow is the last operation on one key in a batch.
+type upsertRow struct {
+	key    string    // the key columns' text, for collapsing and ordering
+	vals   []*string // key columns, then the other columns; keys only for a delete
+	delete bool
+}
+
+// rollupRow is one group and bucket of a batch.
+type rollupRow struct {
+	key    string
+	group  []*string
+	bucket time.Time
+	count  []int64 // per aggregate; count aggregates use it
+	nums   []number
+	set    []bool // whether nums[i] has a value yet
+}
+
+// batchState is what one pipeline collected from a batch.
+type batchState struct {
+	pl                         *pipeline
+	upserts                    map[string]int
+	uRows                      []upsertRow
+	rollups                    map[string]int
+	rRows                      []rollupRow
+	written, filtered, ignored int
+}
+
+// Process evaluates every pipeline of b's topic on each record, in offset
+// order, and writes each pipeline's rows in one statement. A record that
+// a pipeline cannot evaluate fails the batch with a processor.Permanent
+// error naming the pipeline, the record and the key path of the
+// expression; the engine then isolates that record.
+func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+	pls := p.set.byTopic[b.Topic]
+	if len(pls) == 0 || len(b.Records) == 0 {
+		return nil
+	}
+	states := make([]*batchState, len(pls))
+	for i, pl := range pls {
+		states[i] = &batchState{pl: pl, upserts: map[string]int{}, rollups: map[string]int{}}
+	}
+	format := p.set.formats[b.Topic]
+	for i := range b.Records {
+		rec := &b.Records[i]
+		act, err := activation(rec, format)
+		if err != nil {
+			return fmt.Errorf("pipelines: CEL activation: %w", err)
+		}
+		for _, st := range states {
+			if err := p.collect(st, rec, act); err != nil {
+				return processor.Permanent(fmt.Errorf("pipeline %s: record %s[%d]@%d: %w",
+					st.pl.name, rec.Topic, rec.Partition, rec.Offset, err))
+			}
+		}
+	}
+	// Alone in its batch, a record is being isolated: run its statements at
+	// once, so that a value PostgreSQL refuses fails with the pipeline's
+	// name. Otherwise every write goes with the COMMIT's round trip.
+	now := len(b.Records) == 1
+	for _, st := range states {
+		if err := p.write(ctx, tx, st, now); err != nil {
+			return err
+		}
+	}
+	for _, st := range states {
+		name := st.pl.name
+		p.counters.Records(name, "written", st.written)
+		p.counters.Records(name, "filtered", st.filtered)
+		p.counters.Records(name, "ignored", st.ignored)
+	}
+	return nil
+}
+
+// collect evaluates one pipeline on one record.
+func (p *Processor) collect(st *batchState, rec *processor.Record, act interpreter.Activation) error {
+	pl := st.pl
+	if rec.Value == nil { // a tombstone skips where
+		u := pl.upsert
+		if u == nil || !u.deleteOnNil {
+			st.ignored++
+			return nil
+		}
+		vals, key, err := p.evalColumns(pl, u.key, act)
+		if err != nil {
+			return err
+		}
+		st.putUpsert(upsertRow{key: key, vals: vals, delete: true})
+		st.written++
+		return nil
+	}
+	if pl.where != nil {
+		ok, err := pl.where.whereHolds(act)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			st.filtered++
+			return nil
+		}
+	}
+	if u := pl.upsert; u != nil {
+		keys, key, err := p.evalColumns(pl, u.key, act)
+		if err != nil {
+			return err
+		}
+		for i, k := range keys {
+			if k == nil {
+				return fmt.Errorf("%s: null (a key column cannot be null)", u.key[i].shortKey())
+			}
+		}
+		vals, _, err := p.evalColumns(pl, u.columns, act)
+		if err != nil {
+			return err
+		}
+		st.putUpsert(upsertRow{key: key, vals: append(keys, vals...)})
+		st.written++
+		return nil
+	}
+	r := pl.rollup
+	tv, err := r.time.eval(act)
+	if err != nil {
+		return err
+	}
+	t, err := eventTime(tv)
+	if err != nil {
+		return fmt.Errorf("%s: %w", r.time.shortKey(), err)
+	}
+	group, key, err := p.evalColumns(pl, r.groupBy, act)
+	if err != nil {
+		return err
+	}
+	bucket := bucketStart(t, r.bucket)
+	key += "\x00" + bucket.Format(time.RFC3339)
+	nums := make([]number, len(r.aggregates))
+	for i, a := range r.aggregates {
+		if a.kind == aggCount {
+			continue
+		}
+		v, err := a.arg.eval(act)
+		if err != nil {
+			return err
+		}
+		n, err := toNumber(v)
+		if err != nil {
+			return fmt.Errorf("%s: %w", a.arg.shortKey(), err)
+		}
+		if n.isFloat && (math.IsNaN(n.f) || math.IsInf(n.f, 0)) {
+			return fmt.Errorf("%s: %v is not a finite number", a.arg.shortKey(), n.f)
+		}
+		nums[i] = n
+	}
+	idx, ok := st.rollups[key]
+	if !ok {
+		idx = len(st.rRows)
+		st.rollups[key] = idx
+		st.rRows = append(st.rRows, rollupRow{key: key, group: group, bucket: bucket,
+			count: make([]int64, len(r.aggregates)), nums: make([]number, len(r.aggregates)), set: make([]bool, len(r.aggregates))})
+	}
+	row := &st.rRows[idx]
+	for i, a := range r.aggregates {
+		switch {
+		case a.kind == aggCount:
+			row.count[i]++
+		case !row.set[i]:
+			row.nums[i], row.set[i] = nums[i], true
+		case a.kind == aggSum:
+			row.nums[i] = row.nums[i].add(nums[i])
+		case a.kind == aggMin && nums[i].less(row.nums[i]):
+			row.nums[i] = nums[i]
+		case a.kind == aggMax && row.nums[i].less(nums[i]):
+			row.nums[i] = nums[i]
+		}
+	}
+	st.written++
+	return nil
+}
+
+func (st *batchState) putUpsert(r upsertRow) {
+	if i, ok := st.upserts[r.key]; ok {
+		st.uRows[i] = r // the last offset wins
+		return
+	}
+	st.upserts[r.key] = len(st.uRows)
+	st.uRows = append(st.uRows, r)
+}
+
+// evalColumns evaluates columns into their text, and a key joining them.
+func (p *Processor) evalColumns(pl *pipeline, cols []*expr, act interpreter.Activation) ([]*string, string, error) {
+	t := p.types[pl.index]
+	out := make([]*string, len(cols))
+	var key strings.Builder
+	for i, c := range cols {
+		v, err := c.eval(act)
+		if err != nil {
+			return nil, "", err
+		}
+		s, err := text(v, typeOf(t, c.name))
+		if err != nil {
+			return nil, "", fmt.Errorf("%s: %w", c.shortKey(), err)
+		}
+		out[i] = s
+		if s == nil {
+			key.WriteString("\x01")
+		} else {
+			key.WriteString("\x02")
+			key.WriteString(*s)
+		}
+		key.WriteByte(0)
+	}
+	return out, key.String(), nil
+}
+
+// write sends one pipeline's rows. Rows are in key order, so transactions
+// of different partitions lock shared rows in the same order and cannot
+// deadlock each other.
+func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bool) error {
+	pl, sql := st.pl, p.stmts[st.pl.index]
+	exec := func(what, stmt string, n int, args []any) error {
+		var err error
+		if now {
+			_, err = tx.Exec(ctx, stmt, args...)
+		} else {
+			err = processor.ExecLast(ctx, tx, stmt, args...)
+		}
+		if err != nil {
+			return fmt.Errorf("pipeline %s: %s %d rows of %s: %w", pl.name, what, n, sinkTable(pl), err)
+		}
+		return nil
+	}
+	if pl.upsert != nil {
+		slices.SortFunc(st.uRows, func(a, b upsertRow) int { return cmp.Compare(a.key, b.key) })
+		var ups, dels []upsertRow
+		for _, r := range st.uRows {
+			if r.delete {
+				dels = append(dels, r)
+			} else {
+				ups = append(ups, r)
+			}
+		}
+		if len(dels) > 0 {
+			if err := exec("delete", sql.delete, len(dels), columnsOf(dels, len(pl.upsert.key))); err != nil {
+				return err
+			}
+			p.counters.Rows(pl.name, "deleted", len(dels))
+		}
+		if len(ups) > 0 {
+			if err := exec("upsert", sql.upsert, len(ups), columnsOf(ups, len(pl.upsert.key)+len(pl.upsert.columns))); err != nil {
+				return err
+			}
+			p.counters.Rows(pl.name, "upserted", len(ups))
+		}
+		return nil
+	}
+	if len(st.rRows) == 0 {
+		return nil
+	}
+	slices.SortFunc(st.rRows, func(a, b rollupRow) int { return cmp.Compare(a.key, b.key) })
+	r := pl.rollup
+	ng, na := len(r.groupBy), len(r.aggregates)
+	args := make([]any, ng+1+na)
+	cols := make([][]*string, ng+1+na)
+	for i := range cols {
+		cols[i] = make([]*string, len(st.rRows))
+	}
+	for j, row := range st.rRows {
+		for i, g := range row.group {
+			cols[i][j] = g
+		}
+		b := row.bucket.Format(time.RFC3339)
+		cols[ng][j] = &b
+		for i, a := range r.aggregates {
+			var s string
+			if a.kind == aggCount {
+				s = fmt.Sprint(row.count[i])
+			} else {
+				s = row.nums[i].String()
+			}
+			cols[ng+1+i][j] = &s
+		}
+	}
+	for i := range cols {
+		args[i] = cols[i]
+	}
+	if err := exec("merge", sql.upsert, len(st.rRows), args); err != nil {
+		return err
+	}
+	p.counters.Rows(pl.name, "merged", len(st.rRows))
+	return nil
+}
+
+// columnsOf turns rows into one text array per column.
+func columnsOf(rows []upsertRow, n int) []any {
+	args := make([]any, n)
+	for i := range n {
+		col := make([]*string, len(rows))
+		for j, r := range rows {
+			col[j] = r.vals[i]
+		}
+		args[i] = col
+	}
+	return args
+}
