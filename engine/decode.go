@@ -12,6 +12,7 @@ import (
 	"ratchet/internal/schemareg"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
+	"ratchet/processor/pipeline"
 )
 
 // Check reports, as a *config.Error (exit code 2), what makes cfg unusable
@@ -21,6 +22,10 @@ import (
 // Check first to refuse before they log or start anything.
 func Check(cfg config.Config, opts Options) error {
 	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if len(cfg.Pipelines) > 0 {
+		_, err := compilePipelines(cfg, opts)
 		return err
 	}
 	if opts.Processor == nil {
@@ -59,7 +64,7 @@ func checkFormats(cfg config.Config, opts Options) error {
 // opts when set; otherwise per topic raw, the event formats, or, with
 // schema_registry.url, the event formats in the registry's wire format.
 // Every decoder counts what it decodes in ratchet_decoded_records_total.
-func newDecoders(cfg config.Config, opts Options, m *metrics.Metrics) (func(topic string) actors.ValueDecoder, error) {
+func newDecoders(cfg config.Config, opts Options, pipelines *pipeline.Set, m *metrics.Metrics) (func(topic string) actors.ValueDecoder, error) {
 	var reg *schemareg.Registry
 	if cfg.SchemaRegistry.URL != "" && opts.Decoder == nil {
 		var err error
@@ -69,7 +74,14 @@ func newDecoders(cfg config.Config, opts Options, m *metrics.Metrics) (func(topi
 	}
 	decoder := func(topic string) actors.ValueDecoder {
 		format := cfg.FormatFor(topic)
+		pformat, piped := "", false
+		if pipelines != nil {
+			pformat, piped = pipelines.Format(topic)
+		}
 		switch {
+		case piped && pformat == config.PipelineJSON:
+			framed := cfg.SchemaRegistry.URL != ""
+			return &counted{dec: pipeline.JSONDecoder{Framed: framed}, counts: newCounts(m, topic, "json-any")}
 		case opts.Decoder != nil:
 			return &counted{dec: custom{opts.Decoder}, counts: newCounts(m, topic, "custom")}
 		case format == event.FormatRaw:

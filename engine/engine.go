@@ -33,6 +33,7 @@ import (
 	"ratchet/internal/web"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
+	"ratchet/processor/pipeline"
 )
 
 // Options are the parts of a run that are not configuration.
@@ -79,17 +80,26 @@ type engine struct {
 	m    *metrics.Metrics
 	// decoders returns a new partition's value decoder (see newDecoders).
 	decoders func(topic string) actors.ValueDecoder
+	// pipelines are the configured pipelines, nil without; run binds them
+	// to the database and makes them the processor.
+	pipelines *pipeline.Set
 }
 
 func newEngine(cfg config.Config, opts Options) (*engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if opts.Processor == nil {
+	pipelines, err := compilePipelines(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Processor == nil && pipelines == nil {
 		opts.Processor = dashboard.New()
 	}
-	if err := checkFormats(cfg, opts); err != nil {
-		return nil, err
+	if pipelines == nil {
+		if err := checkFormats(cfg, opts); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -108,11 +118,11 @@ func newEngine(cfg config.Config, opts Options) (*engine, error) {
 	} else {
 		m = metrics.New(reg)
 	}
-	decoders, err := newDecoders(cfg, opts, m)
+	decoders, err := newDecoders(cfg, opts, pipelines, m)
 	if err != nil {
 		return nil, err
 	}
-	return &engine{cfg: cfg, opts: opts, log: opts.Logger, reg: reg, m: m, decoders: decoders}, nil
+	return &engine{cfg: cfg, opts: opts, log: opts.Logger, reg: reg, m: m, decoders: decoders, pipelines: pipelines}, nil
 }
 
 func (e *engine) run(ctx context.Context) error {
@@ -160,6 +170,19 @@ func (e *engine) run(ctx context.Context) error {
 		if err := store.Migrate(ctx, p); err != nil {
 			p.Close()
 			return startPostgresError(err)
+		}
+		if e.pipelines != nil {
+			// The pipelines' tables are the user's: a table that does not
+			// fit stops the start (exit code 2); a failed query is retried.
+			proc, err := bindPipelines(ctx, p, e.pipelines, e.m)
+			if err != nil {
+				p.Close()
+				if config.IsConfigError(err) {
+					return permanent(err)
+				}
+				return startPostgresError(err)
+			}
+			e.opts.Processor = proc
 		}
 		pool = p
 		return nil

@@ -59,7 +59,14 @@ type Metrics struct {
 	// ReplaysSkipped counts records re-produced by `ratchet dlq replay`
 	// for another consumer group (header ratchet.replay_group), skipped.
 	ReplaysSkipped *prometheus.CounterVec // topic
+	// PipelineRecords counts records by configured pipeline and result
+	// (written, filtered, ignored, dead_lettered); PipelineRows the rows
+	// sent to its table by operation (upserted, deleted, merged). Both
+	// count every attempt of a batch that is tried again.
+	PipelineRecords *prometheus.CounterVec // pipeline, result
+	PipelineRows    *prometheus.CounterVec // pipeline, op
 }
+
 
 // New registers the series on reg.
 func New(reg prometheus.Registerer) *Metrics {
@@ -149,6 +156,15 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "Records replayed from a dead-letter topic for another consumer group (ratchet.replay_group), skipped: not applied, offset passed."},
 		[]string{"topic"})
 	reg.MustRegister(m.ReplaysSkipped)
+	m.PipelineRecords = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratchet_pipeline_records_total",
+		Help: "Records by configured pipeline and result (written, filtered, ignored, dead_lettered); a batch tried again counts again."},
+		[]string{"pipeline", "result"})
+	m.PipelineRows = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratchet_pipeline_rows_total",
+		Help: "Rows a configured pipeline sent to its table, by operation (upserted, deleted, merged); a batch tried again counts again."},
+		[]string{"pipeline", "op"})
+	reg.MustRegister(m.PipelineRecords, m.PipelineRows)
 	reg.MustRegister(m.DecodedRecords, m.RegistryLookups, m.RegistryCacheHits, m.RegistryErrors)
 	reg.MustRegister(m.Unclaimed, m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
 		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,

@@ -1,0 +1,249 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"ratchet/config"
+	"ratchet/internal/store"
+	"ratchet/internal/testenv"
+	"ratchet/processor"
+	"ratchet/processor/pipeline"
+)
+
+// ordersYAML is the issue's example: an upsert and a rollup of one topic.
+const ordersYAML = `
+kafka:
+  topics: [orders]
+pipelines:
+  - name: orders
+    topic: orders
+    format: json
+    where: value.status != "test"
+    upsert:
+      table: orders
+      key:     { order_id: string(record.key) }
+      columns: { customer: value.customer.id, amount: double(value.amount), updated_at: record.timestamp }
+      on_tombstone: delete
+  - name: revenue_per_minute
+    topic: orders
+    format: json
+    rollup:
+      table: revenue_per_minute
+      time: value.ts
+      bucket: 1m
+      bucket_column: minute
+      group_by: { country: value.customer.country }
+      aggregates: { orders: count, revenue: sum(double(value.amount)), biggest: max(double(value.amount)), smallest: min(double(value.amount)) }
+`
+
+const ordersTables = `
+CREATE TABLE orders (order_id text PRIMARY KEY, customer text, amount numeric(12,2), updated_at timestamptz);
+CREATE TABLE revenue_per_minute (country text NOT NULL, minute timestamptz NOT NULL, orders bigint, revenue double precision,
+  biggest double precision, smallest double precision, PRIMARY KEY (country, minute));
+`
+
+// loadConfig loads yaml as a configuration file.
+func loadConfig(tb testing.TB, yaml string) (config.Config, error) {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), "ratchet.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return config.Load(path, nil)
+}
+
+// setup creates the tables in a fresh database and returns a pool and the
+// processor of yaml's pipelines.
+func setup(tb testing.TB, yaml, tables string) (*pgxpool.Pool, *pipeline.Processor) {
+	tb.Helper()
+	cfg, err := loadConfig(tb, yaml)
+	if err != nil {
+		tb.Fatalf("load: %v", err)
+	}
+	set, err := pipeline.Compile(cfg)
+	if err != nil {
+		tb.Fatalf("compile: %v", err)
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.Postgres(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, tables); err != nil {
+		tb.Fatalf("create tables: %v", err)
+	}
+	schema, err := pipeline.Check(ctx, pool, set)
+	if err != nil {
+		tb.Fatalf("check: %v", err)
+	}
+	return pool, pipeline.New(set, schema, nil)
+}
+
+// rec makes a record of topic orders at offset off; a nil value is a
+// tombstone.
+func rec(tb testing.TB, off int64, key, value string) processor.Record {
+	tb.Helper()
+	r := processor.Record{Topic: "orders", Offset: off, Key: []byte(key),
+		Timestamp: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC).Add(time.Duration(off) * time.Second)}
+	if value != "" {
+		r.Value = []byte(value)
+		if err := (pipeline.JSONDecoder{}).DecodeRecord(&r); err != nil {
+			tb.Fatalf("decode %s: %v", value, err)
+		}
+	}
+	return r
+}
+
+// apply runs one batch in a transaction, committed when Process succeeds.
+func apply(tb testing.TB, pool *pgxpool.Pool, p *pipeline.Processor, recs ...processor.Record) error {
+	tb.Helper()
+	b := processor.Batch{Topic: "orders", Start: recs[0].Offset, Next: recs[len(recs)-1].Offset + 1, Records: recs}
+	return pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		return p.Process(context.Background(), tx, b)
+	})
+}
+
+func order(id, status, customer, country string, amount string, ts string) string {
+	return `{"id":"` + id + `","status":"` + status + `","amount":` + amount + `,"ts":"` + ts +
+		`","customer":{"id":"` + customer + `","country":"` + country + `"}}`
+}
+
+func query(tb testing.TB, pool *pgxpool.Pool, sql string) []string {
+	tb.Helper()
+	rows, err := pool.Query(context.Background(), sql)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
+func assertRows(tb testing.TB, pool *pgxpool.Pool, sql string, want ...string) {
+	tb.Helper()
+	got := query(tb, pool, sql)
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		tb.Fatalf("%s:\ngot\n  %s\nwant\n  %s", sql, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+const (
+	ordersRows  = `SELECT order_id||' '||customer||' '||amount FROM orders ORDER BY order_id`
+	revenueRows = `SELECT country||' '||to_char(minute AT TIME ZONE 'UTC','HH24:MI')||' '||orders||' '||revenue||' '||biggest||' '||smallest FROM revenue_per_minute ORDER BY country, minute`
+)
+
+func TestUpsertAndRollupFromOneTopic(t *testing.T) {
+	pool, p := setup(t, ordersYAML, ordersTables)
+	err := apply(t, pool, p,
+		rec(t, 0, "o1", order("o1", "new", "c1", "fr", "10.5", "2026-12-01T09:00:10Z")),
+		rec(t, 1, "o2", order("o2", "new", "c2", "de", "7", "2026-12-01T09:00:20Z")),
+		rec(t, 2, "o1", order("o1", "paid", "c1", "fr", "12", "2026-12-01T09:00:50Z")), // same key: the last wins
+		rec(t, 3, "o3", order("o3", "test", "c3", "fr", "99", "2026-12-01T09:00:55Z")), // filtered by where in orders only
+		rec(t, 4, "o4", order("o4", "new", "c4", "fr", "1", "2026-12-01T09:01:05Z")),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertRows(t, pool, ordersRows, "o1 c1 12.00", "o2 c2 7.00", "o4 c4 1.00")
+	assertRows(t, pool, revenueRows, "de 09:00 1 7 7 7", "fr 09:00 3 121.5 99 10.5", "fr 09:01 1 1 1 1")
+
+	// A second batch merges into the rollups (counts and sums add, min and
+	// max combine) and a tombstone deletes its key; the rollup ignores it.
+	err = apply(t, pool, p,
+		rec(t, 5, "o2", ""),
+		rec(t, 6, "o5", order("o5", "new", "c5", "fr", "0.5", "2026-12-01T09:00:30Z")),
+		rec(t, 7, "o6", order("o6", "new", "c6", "de", "3", "2026-12-01T09:00:01Z")),
+		rec(t, 8, "o6", ""), // upserted then deleted in one batch: deleted
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertRows(t, pool, ordersRows, "o1 c1 12.00", "o4 c4 1.00", "o5 c5 0.50")
+	assertRows(t, pool, revenueRows, "de 09:00 2 10 7 3", "fr 09:00 4 122 99 0.5", "fr 09:01 1 1 1 1")
+}
+
+func TestTombstoneThenUpsertInOneBatchKeepsTheRow(t *testing.T) {
+	pool, p := setup(t, ordersYAML, ordersTables)
+	if err := apply(t, pool, p, rec(t, 0, "o1", order("o1", "new", "c1", "fr", "1", "2026-12-01T09:00:10Z"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(t, pool, p, rec(t, 1, "o1", ""), rec(t, 2, "o1", order("o1", "new", "c9", "fr", "2", "2026-12-01T09:00:10Z"))); err != nil {
+		t.Fatal(err)
+	}
+	assertRows(t, pool, ordersRows, "o1 c9 2.00")
+}
+
+// A record one pipeline cannot evaluate fails the batch as a record error
+// naming that pipeline; nothing of the batch is written, by any pipeline.
+func TestRecordErrorsNameThePipeline(t *testing.T) {
+	cases := []struct {
+		name, value, want string
+		where              string // replaces the orders pipeline's where
+	}{
+		{"missing field", `{"status":"new","amount":1,"ts":"2026-12-01T09:00:00Z"}`, "pipeline orders: record orders[0]@1: upsert.columns.customer: no such key: customer", ""},
+		{"time does not parse", order("o", "new", "c", "fr", "1", "yesterday"), "pipeline revenue_per_minute: record orders[0]@1: rollup.time: \"yesterday\" is not an RFC 3339 time", ""},
+		{"amount not a number", order("o", "new", "c", "fr", `"ten"`, "2026-12-01T09:00:00Z"), "pipeline orders: record orders[0]@1: upsert.columns.amount:", ""},
+		{"where not a bool", `{"status":"new","flag":"yes","amount":1,"ts":"2026-12-01T09:00:00Z","customer":{"id":"c","country":"fr"}}`,
+			"pipeline orders: record orders[0]@1: where: yields string, not a bool", "value.flag"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			yaml := ordersYAML
+			if tc.where != "" {
+				yaml = strings.Replace(yaml, `where: value.status != "test"`, "where: "+tc.where, 1)
+			}
+			pool, p := setup(t, yaml, ordersTables)
+			err := apply(t, pool, p,
+				rec(t, 0, "ok", strings.Replace(order("ok", "new", "c", "fr", "1", "2026-12-01T09:00:00Z"), `{`, `{"flag":true,`, 1)),
+				rec(t, 1, "bad", tc.value))
+			if !processor.IsPermanent(err) || !store.IsRecordError(err) {
+				t.Fatalf("err = %v, want a permanent record error", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %q, want it to contain %q", err, tc.want)
+			}
+			assertRows(t, pool, `SELECT count(*)::text FROM orders`, "0")
+			assertRows(t, pool, `SELECT count(*)::text FROM revenue_per_minute`, "0")
+		})
+	}
+}
+
+// A value PostgreSQL refuses for its column is a record error (SQLSTATE
+// class 22); alone in its batch, as the engine isolates it, the error
+// names the pipeline.
+func TestValuePostgresRefusesNamesThePipeline(t *testing.T) {
+	pool, p := setup(t, ordersYAML, ordersTables)
+	huge := order("o", "new", "c", "fr", "1e30", "2026-12-01T09:00:00Z") // numeric(12,2) overflows
+	err := apply(t, pool, p, rec(t, 0, "a", order("a", "new", "c", "fr", "1", "2026-12-01T09:00:00Z")), rec(t, 1, "o", huge))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || !store.IsRecordError(err) {
+		t.Fatalf("batch: err = %v, want a PostgreSQL record error", err)
+	}
+	err = apply(t, pool, p, rec(t, 1, "o", huge))
+	if !store.IsRecordError(err) || !strings.Contains(err.Error(), "pipeline orders: upsert 1 rows of orders") {
+		t.Fatalf("alone: err = %v, want a record error naming pipeline orders", err)
+	}
+}
+
+func TestEpochMillisAndTimestampTimes(t *testing.T) {
+	yaml := strings.Replace(ordersYAML, "time: value.ts", "time: value.ts_ms", 1)
+	pool, p := setup(t, yaml, ordersTables)
+	v := `{"status":"new","amount":2,"ts_ms":1764579690000,"customer":{"id":"c","country":"fr"}}` // 2025-12-01T09:01:30Z
+	if err := apply(t, pool, p, rec(t, 0, "k", v)); err != nil {
+		t.Fatal(err)
+	}
+	assertRows(t, pool, `SELECT to_char(minute AT TIME ZONE 'UTC','YYYY-MM-DD HH24:MI') FROM revenue_per_minute`, "2025-12-01 09:01")
+}
