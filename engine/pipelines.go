@@ -68,4 +68,3 @@ func CheckPipelines(ctx context.Context, cfg config.Config, q pipeline.Querier) 
 	}
 	return nil
 }
-

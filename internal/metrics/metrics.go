@@ -67,7 +67,6 @@ type Metrics struct {
 	PipelineRows    *prometheus.CounterVec // pipeline, op
 }
 
-
 // New registers the series on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	tp := []string{"topic", "partition"}

@@ -191,7 +191,7 @@ func TestTombstoneThenUpsertInOneBatchKeepsTheRow(t *testing.T) {
 func TestRecordErrorsNameThePipeline(t *testing.T) {
 	cases := []struct {
 		name, value, want string
-		where              string // replaces the orders pipeline's where
+		where             string // replaces the orders pipeline's where
 	}{
 		{"missing field", `{"status":"new","amount":1,"ts":"2026-12-01T09:00:00Z"}`, "pipeline orders: record orders[0]@1: upsert.columns.customer: no such key: customer", ""},
 		{"time does not parse", order("o", "new", "c", "fr", "1", "yesterday"), "pipeline revenue_per_minute: record orders[0]@1: rollup.time: \"yesterday\" is not an RFC 3339 time", ""},
