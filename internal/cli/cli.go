@@ -65,6 +65,7 @@ func commands() []command {
 		{"offsets", "show stored and committed offsets, lag and would-be rewinds; 'offsets reset' moves them", offsetsCmd},
 		{"dlq", "'dlq ls' summarises dead letters, 'dlq replay' re-produces them", dlqCmd},
 		{"migrate", "apply the database schema", migrateCmd},
+		{"pipelines", "'pipelines check' compiles the configured pipelines and checks their tables", pipelinesCmd},
 		{"version", "print the version", versionCmd},
 	}
 }
