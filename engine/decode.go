@@ -82,6 +82,13 @@ func newDecoders(cfg config.Config, opts Options, pipelines *pipeline.Set, m *me
 		case piped && pformat == config.PipelineJSON:
 			framed := cfg.SchemaRegistry.URL != ""
 			return &counted{dec: pipeline.JSONDecoder{Framed: framed}, counts: newCounts(m, topic, "json-any")}
+		case piped && reg != nil && (pformat == config.PipelineAvro || pformat == config.PipelineProtobuf):
+			typ := schemareg.TypeAvro
+			if pformat == config.PipelineProtobuf {
+				typ = schemareg.TypeProtobuf
+			}
+			d := schemareg.NewValueDecoder(reg, typ, m)
+			return &countedValueResolver{ValueDecoder: d, counts: newCounts(m, topic, pformat+"+registry")}
 		case opts.Decoder != nil:
 			return &counted{dec: custom{opts.Decoder}, counts: newCounts(m, topic, "custom")}
 		case format == event.FormatRaw:
@@ -132,6 +139,17 @@ type countedResolver struct {
 
 func (c *countedResolver) DecodeRecord(rec *processor.Record) error {
 	return c.count(c.Decoder.DecodeRecord(rec))
+}
+
+// countedValueResolver counts the records of a pipeline's registry
+// decoder and keeps it an actors.Resolver.
+type countedValueResolver struct {
+	*schemareg.ValueDecoder
+	counts
+}
+
+func (c *countedValueResolver) DecodeRecord(rec *processor.Record) error {
+	return c.count(c.ValueDecoder.DecodeRecord(rec))
 }
 
 // custom adapts a processor.Decoder; every error it returns is poison.

@@ -63,9 +63,7 @@ func (s *Schema) parseProtobuf(client schemaregistry.Client, info schemaregistry
 		}
 	}
 	walk(nil, fds[0].GetMessageTypes())
-	if s.event == nil {
-		s.problem = fmt.Sprintf("schema id %d does not define %s", s.ID, eventName)
-	}
+	s.file = fds[0]
 	return nil
 }
 
@@ -74,6 +72,9 @@ func (s *Schema) parseProtobuf(client schemaregistry.Client, info schemaregistry
 func (s *Schema) checkEvent(path []int) string {
 	if s.problem != "" {
 		return s.problem
+	}
+	if s.event == nil {
+		return fmt.Sprintf("schema id %d does not define %s", s.ID, eventName)
 	}
 	if len(path) == len(s.event) {
 		same := true

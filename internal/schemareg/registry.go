@@ -41,6 +41,8 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/schemaregistry"
 	"github.com/confluentinc/confluent-kafka-go/v2/schemaregistry/rest"
+	"github.com/hamba/avro/v2"
+	"github.com/jhump/protoreflect/desc"
 	"golang.org/x/sync/singleflight"
 
 	"ratchet/config"
@@ -104,6 +106,14 @@ type Schema struct {
 	// problem says why values of this schema can never be read as
 	// ratchet.v1.Event (a parse error, references that do not resolve).
 	problem string
+	// file is the parsed protobuf schema (nil for other types, or when it
+	// does not parse), for pipelines that read any message type.
+	file *desc.FileDescriptor
+	// avro is the parsed Avro schema, parsed on first use (avroOnce);
+	// avroProblem says why it does not parse.
+	avroOnce    sync.Once
+	avro        avro.Schema
+	avroProblem string
 }
 
 // Registry looks schema ids up and caches the answers; it is shared by

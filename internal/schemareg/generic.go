@@ -1,0 +1,299 @@
+package schemareg
+
+import (
+	"fmt"
+	"math/big"
+	"time"
+
+	"github.com/hamba/avro/v2"
+	"github.com/jhump/protoreflect/desc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	"ratchet/internal/event"
+	"ratchet/internal/metrics"
+	"ratchet/processor"
+)
+
+// ValueDecoder decodes values in the registry's wire format written with
+// any Avro or Protobuf schema (the pipelines' formats avro and protobuf)
+// into Record.Decoded: records and messages become map[string]any keyed
+// by field name, arrays and repeated fields []any, maps map[string]any,
+// integers int64 (unsigned protobuf ones uint64), floats float64, bytes
+// []byte, enums their symbol's name, timestamps time.Time and durations
+// time.Duration (Avro logical types, google.protobuf.Timestamp and
+// Duration), decimals float64, and an Avro union its branch's value. A
+// null record value (a tombstone) decodes to nothing and is not poison.
+//
+// Lookups work as for Decoder (Missing, Resolve: an outage waits, an
+// unknown id is poison), which it embeds.
+type ValueDecoder struct {
+	*Decoder
+	schemaType string // TypeAvro or TypeProtobuf
+}
+
+// NewValueDecoder returns the ValueDecoder of one partition for values of
+// schemaType (TypeAvro or TypeProtobuf).
+func NewValueDecoder(reg *Registry, schemaType string, m *metrics.Metrics) *ValueDecoder {
+	format := "avro"
+	if schemaType == TypeProtobuf {
+		format = event.FormatProtobuf
+	}
+	return &ValueDecoder{Decoder: &Decoder{reg: reg, format: format, known: map[int32]*Schema{},
+		hits: m.RegistryCacheHits, now: reg.now}, schemaType: schemaType}
+}
+
+// DecodeRecord parses rec.Value's framing and decodes the payload with the
+// writer's schema into rec.Decoded. Every error is an *event.Error
+// (poison).
+func (d *ValueDecoder) DecodeRecord(rec *processor.Record) error {
+	if rec.Value == nil {
+		return nil // tombstone
+	}
+	f, err := event.ParseFrame(rec.Value, d.format, d.schemaType == TypeProtobuf)
+	if err != nil {
+		return err
+	}
+	s := d.known[f.SchemaID]
+	switch {
+	case s == nil:
+		return poison(d.format, fmt.Sprintf("schema id %d was not looked up", f.SchemaID))
+	case s.NotFound:
+		return poison(d.format, fmt.Sprintf("schema id %d not found in the schema registry", f.SchemaID))
+	case s.Type != d.schemaType:
+		return poison(d.format, fmt.Sprintf("schema id %d is a %s schema, the pipeline's format is %s", f.SchemaID, s.Type, d.format))
+	}
+	d.hits.Inc()
+	var v any
+	if d.schemaType == TypeAvro {
+		v, err = s.decodeAvro(f.Payload)
+	} else {
+		v, err = s.decodeProtobuf(f.MessageIndexes, f.Payload)
+	}
+	if err != nil {
+		return poison(d.format, err.Error())
+	}
+	rec.Decoded = v
+	return nil
+}
+
+// decodeAvro decodes payload with s's Avro schema, parsed on first use.
+func (s *Schema) decodeAvro(payload []byte) (any, error) {
+	s.avroOnce.Do(func() {
+		// A cache of its own: named types of different schemas (two
+		// versions of one record) must not meet.
+		sc, err := avro.ParseWithCache(s.Text, "", &avro.SchemaCache{})
+		if err != nil {
+			s.avroProblem = fmt.Sprintf("schema id %d is not an Avro schema that parses: %v", s.ID, err)
+			return
+		}
+		s.avro = sc
+	})
+	if s.avroProblem != "" {
+		return nil, fmt.Errorf("%s", s.avroProblem)
+	}
+	var v any
+	if err := avro.Unmarshal(s.avro, payload, &v); err != nil {
+		return nil, fmt.Errorf("schema id %d: %v", s.ID, err)
+	}
+	return avroValue(s.avro, v), nil
+}
+
+// avroValue turns what hamba/avro decodes into any into the values the
+// pipelines read: unions unwrapped, numbers widened.
+func avroValue(sc avro.Schema, v any) any {
+	switch x := v.(type) {
+	case nil:
+		return nil
+	case map[string]any:
+		switch t := sc.(type) {
+		case *avro.RecordSchema:
+			for _, f := range t.Fields() {
+				if fv, ok := x[f.Name()]; ok {
+					x[f.Name()] = avroValue(f.Type(), fv)
+				}
+			}
+			return x
+		case *avro.MapSchema:
+			for k, e := range x {
+				x[k] = avroValue(t.Values(), e)
+			}
+			return x
+		case *avro.UnionSchema:
+			for name, inner := range x { // one branch: {type name: value}
+				for _, b := range t.Types() {
+					if unionName(b) == name {
+						return avroValue(b, inner)
+					}
+				}
+				return inner
+			}
+			return nil
+		}
+		return x
+	case []any:
+		if t, ok := sc.(*avro.ArraySchema); ok {
+			for i, e := range x {
+				x[i] = avroValue(t.Items(), e)
+			}
+		}
+		return x
+	case int:
+		return int64(x)
+	case int32:
+		return int64(x)
+	case float32:
+		return float64(x)
+	case *big.Rat:
+		f, _ := x.Float64()
+		return f
+	}
+	if u, ok := sc.(*avro.UnionSchema); ok && len(u.Types()) > 0 {
+		// A union hamba resolved to a plain value (a nullable union).
+		for _, b := range u.Types() {
+			if b.Type() != avro.Null {
+				return avroValue(b, v)
+			}
+		}
+	}
+	if _, ok := sc.(*avro.FixedSchema); ok {
+		if b, ok := fixedBytes(v); ok {
+			return b
+		}
+	}
+	return v
+}
+
+// unionName is the key hamba/avro gives a union branch: the full name of a
+// named type, else the type's name.
+func unionName(s avro.Schema) string {
+	if n, ok := s.(avro.NamedSchema); ok {
+		return n.FullName()
+	}
+	if l, ok := s.(avro.LogicalTypeSchema); ok && l.Logical() != nil {
+		return string(s.Type()) + "." + string(l.Logical().Type())
+	}
+	return string(s.Type())
+}
+
+// fixedBytes returns an Avro fixed value ([n]byte) as a slice.
+func fixedBytes(v any) ([]byte, bool) {
+	switch x := v.(type) {
+	case []byte:
+		return x, true
+	case [16]byte:
+		return x[:], true
+	case [12]byte:
+		return x[:], true
+	case [8]byte:
+		return x[:], true
+	case [4]byte:
+		return x[:], true
+	}
+	return nil, false
+}
+
+// decodeProtobuf decodes payload as the message of s at the message
+// indexes path.
+func (s *Schema) decodeProtobuf(path []int, payload []byte) (any, error) {
+	if s.problem != "" {
+		return nil, fmt.Errorf("%s", s.problem)
+	}
+	if s.file == nil {
+		return nil, fmt.Errorf("schema id %d has no parsed protobuf schema", s.ID)
+	}
+	var md *desc.MessageDescriptor
+	msgs := s.file.GetMessageTypes()
+	for _, i := range path {
+		if i < 0 || i >= len(msgs) {
+			return nil, fmt.Errorf("schema id %d has no message at indexes %v", s.ID, path)
+		}
+		md = msgs[i]
+		msgs = md.GetNestedMessageTypes()
+	}
+	if md == nil {
+		return nil, fmt.Errorf("schema id %d: no message indexes", s.ID)
+	}
+	m := dynamicpb.NewMessage(md.UnwrapMessage())
+	if err := proto.Unmarshal(payload, m); err != nil {
+		return nil, fmt.Errorf("schema id %d: %s: %v", s.ID, md.GetFullyQualifiedName(), err)
+	}
+	return protoMessage(m), nil
+}
+
+// protoMessage turns a message into a map keyed by field name: every
+// scalar field (its default when unset, as proto3 reads), message fields
+// and oneof members only when set. Timestamps and durations become
+// time.Time and time.Duration, wrappers their value.
+func protoMessage(m protoreflect.Message) any {
+	md := m.Descriptor()
+	switch md.FullName() {
+	case "google.protobuf.Timestamp":
+		f := md.Fields()
+		return time.Unix(m.Get(f.ByName("seconds")).Int(), m.Get(f.ByName("nanos")).Int()).UTC()
+	case "google.protobuf.Duration":
+		f := md.Fields()
+		return time.Duration(m.Get(f.ByName("seconds")).Int())*time.Second + time.Duration(m.Get(f.ByName("nanos")).Int())
+	case "google.protobuf.DoubleValue", "google.protobuf.FloatValue", "google.protobuf.Int64Value",
+		"google.protobuf.UInt64Value", "google.protobuf.Int32Value", "google.protobuf.UInt32Value",
+		"google.protobuf.BoolValue", "google.protobuf.StringValue", "google.protobuf.BytesValue":
+		fd := md.Fields().ByName("value")
+		return protoField(fd, m.Get(fd))
+	}
+	out := make(map[string]any, md.Fields().Len())
+	fields := md.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if (fd.Message() != nil && !fd.IsList() && !fd.IsMap() || fd.ContainingOneof() != nil || fd.HasPresence()) && !m.Has(fd) {
+			continue
+		}
+		v := m.Get(fd)
+		switch {
+		case fd.IsList():
+			l := v.List()
+			items := make([]any, l.Len())
+			for j := range l.Len() {
+				items[j] = protoField(fd, l.Get(j))
+			}
+			out[string(fd.Name())] = items
+		case fd.IsMap():
+			mm := make(map[string]any, v.Map().Len())
+			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				mm[k.String()] = protoField(fd.MapValue(), mv)
+				return true
+			})
+			out[string(fd.Name())] = mm
+		default:
+			out[string(fd.Name())] = protoField(fd, v)
+		}
+	}
+	return out
+}
+
+// protoField converts one singular value of fd.
+func protoField(fd protoreflect.FieldDescriptor, v protoreflect.Value) any {
+	switch fd.Kind() {
+	case protoreflect.BoolKind:
+		return v.Bool()
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		return v.Int()
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		return v.Uint()
+	case protoreflect.FloatKind, protoreflect.DoubleKind:
+		return v.Float()
+	case protoreflect.StringKind:
+		return v.String()
+	case protoreflect.BytesKind:
+		return v.Bytes()
+	case protoreflect.EnumKind:
+		if ev := fd.Enum().Values().ByNumber(v.Enum()); ev != nil {
+			return string(ev.Name())
+		}
+		return int64(v.Enum())
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+		return protoMessage(v.Message())
+	}
+	return nil
+}
