@@ -72,11 +72,18 @@ func logDir(tb testing.TB) string {
 
 func startInstance(tb testing.TB, bin, name string, env []string) *instance {
 	tb.Helper()
+	return startInstanceArgs(tb, bin, name, env, "run")
+}
+
+// startInstanceArgs starts the ratchet binary with args (a command and
+// its flags) and env, logging to name.log.
+func startInstanceArgs(tb testing.TB, bin, name string, env []string, args ...string) *instance {
+	tb.Helper()
 	logf, err := os.Create(filepath.Join(logDir(tb), name+".log"))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cmd := exec.Command(bin, "run")
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "RATCHET_KAFKA_INSTANCE_ID=", "RATCHET_LOG_LEVEL=warn")
 	cmd.Env = append(cmd.Env, env...) // the test's settings win
 	cmd.Stdout, cmd.Stderr = logf, logf
