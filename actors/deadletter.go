@@ -85,6 +85,11 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, letters []Letter
 			if errors.As(l.Reason, &pe) {
 				cfg.Metrics.Poison.WithLabelValues(l.Record.Topic, string(pe.Kind)).Inc()
 			}
+			// A record a configured pipeline refused names it.
+			var pl interface{ PipelineName() string }
+			if errors.As(l.Reason, &pl) {
+				cfg.Metrics.PipelineRecords.WithLabelValues(pl.PipelineName(), "dead_lettered").Inc()
+			}
 		}
 	}()
 	return w, rows

@@ -11,9 +11,11 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"ratchet/config"
+	"ratchet/engine"
 	"ratchet/internal/testenv"
 )
 
@@ -199,6 +201,35 @@ func waitAppliedToEnd(tb testing.TB, cluster *kfake.Cluster, pool *pgxpool.Pool,
 	}, "every partition applied to its end")
 }
 
+// counter returns the value of the counter name of reg whose labels
+// include the label pairs given; 0 when there is none.
+func counter(tb testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue metric
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
 func diff(got, want []string) string {
 	return "got:\n  " + strings.Join(got, "\n  ") + "\nwant:\n  " + strings.Join(want, "\n  ")
 }
@@ -224,7 +255,8 @@ func TestPipelinesFromConfiguration(t *testing.T) {
 	}
 	in := orderStream(400, partitions)
 	produceOrders(t, addr, in)
-	start(t, cfg, nil, "")
+	reg := prometheus.NewRegistry()
+	startWith(t, cfg, engine.Options{Registry: reg}, testenv.Log{})
 	waitAppliedToEnd(t, cluster, pool, cfg.Kafka.GroupID)
 
 	wantOrders, wantRevenue := expectOrders(in)
@@ -251,6 +283,18 @@ func TestPipelinesFromConfiguration(t *testing.T) {
 	}
 	t.Logf("%d orders rows, %d rollup rows, %d dead letters expected", len(wantOrders), len(wantRevenue), len(want))
 	got := readDLQ(t, cluster, addr, topic+".dlq", len(want))
+	// Each pipeline counts the records dead-lettered in its name.
+	for name, prefix := range map[string]string{"orders": "pipeline orders:", "revenue_per_minute": "pipeline revenue_per_minute:"} {
+		n := 0
+		for _, reason := range want {
+			if strings.HasPrefix(reason, prefix) {
+				n++
+			}
+		}
+		if c := counter(t, reg, "ratchet_pipeline_records_total", "pipeline", name, "result", "dead_lettered"); int(c) != n || n == 0 {
+			t.Errorf("ratchet_pipeline_records_total{pipeline=%q,result=dead_lettered} = %v, want %d", name, c, n)
+		}
+	}
 	if len(got) != len(want) {
 		t.Errorf("DLQ holds %d records, want %d", len(got), len(want))
 	}

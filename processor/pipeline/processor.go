@@ -41,6 +41,23 @@ func (NopCounters) Records(string, string, int) {}
 // Rows does nothing.
 func (NopCounters) Rows(string, string, int) {}
 
+// RecordError is a failure of one pipeline: an expression it could not
+// evaluate on a record, or a statement of its rows the database refused.
+// Its text starts with "pipeline NAME: ", so the dead letter of an
+// isolated record names the pipeline.
+type RecordError struct {
+	Pipeline string
+	Err      error
+}
+
+func (e *RecordError) Error() string { return "pipeline " + e.Pipeline + ": " + e.Err.Error() }
+
+// Unwrap returns the cause (a PostgreSQL error keeps its SQLSTATE class).
+func (e *RecordError) Unwrap() error { return e.Err }
+
+// PipelineName returns Pipeline; the dead-letter path counts by it.
+func (e *RecordError) PipelineName() string { return e.Pipeline }
+
 // Processor applies the pipelines of a Set to batches. It is safe for
 // concurrent use by several partitions.
 type Processor struct {
@@ -213,8 +230,8 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 		}
 		for _, st := range states {
 			if err := p.collect(st, rec, act); err != nil {
-				return processor.Permanent(fmt.Errorf("pipeline %s: record %s[%d]@%d: %w",
-					st.pl.name, rec.Topic, rec.Partition, rec.Offset, err))
+				return processor.Permanent(&RecordError{Pipeline: st.pl.name,
+					Err: fmt.Errorf("record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)})
 			}
 		}
 	}
@@ -388,7 +405,7 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 			err = processor.ExecLast(ctx, tx, stmt, args...)
 		}
 		if err != nil {
-			return fmt.Errorf("pipeline %s: %s %d rows of %s: %w", pl.name, what, n, sinkTable(pl), err)
+			return &RecordError{Pipeline: pl.name, Err: fmt.Errorf("%s %d rows of %s: %w", what, n, sinkTable(pl), err)}
 		}
 		return nil
 	}
