@@ -366,7 +366,11 @@ func (e *engine) run(ctx context.Context) error {
 	})
 
 	// From here the page and the probes read the running engine.
-	starting.Serve(&source{cfg: cfg, owner: e.opts.Owner, board: sup.Board(), pool: pool})
+	var src web.Source = &source{cfg: cfg, owner: e.opts.Owner, board: sup.Board(), pool: pool}
+	if e.pipelines != nil {
+		src = &pipelineSource{source: src.(*source), m: e.m}
+	}
+	starting.Serve(src)
 	wg.Go(func() {
 		// The page stays up through the drain (readiness says draining),
 		// then goes.

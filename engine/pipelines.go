@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"ratchet/config"
 	"ratchet/internal/metrics"
+	"ratchet/internal/web"
 	"ratchet/processor/pipeline"
 )
 
@@ -67,4 +71,44 @@ func CheckPipelines(ctx context.Context, cfg config.Config, q pipeline.Querier) 
 		return err
 	}
 	return nil
+}
+
+// pipelineSource is the page's source when pipelines are configured: it
+// adds the pipelines panel (web.PipelineSource), read from this
+// instance's counters.
+type pipelineSource struct {
+	*source
+	m *metrics.Metrics
+}
+
+// Pipelines implements web.PipelineSource.
+func (s *pipelineSource) Pipelines(context.Context) ([]web.PipelineSummary, error) {
+	out := make([]web.PipelineSummary, 0, len(s.cfg.Pipelines))
+	for _, p := range s.cfg.Pipelines {
+		ps := web.PipelineSummary{Name: p.Name, Topic: p.Topic, Sink: "upsert"}
+		if p.Upsert != nil {
+			ps.Table = p.Upsert.Table
+		} else if p.Rollup != nil {
+			ps.Sink, ps.Table = "rollup", p.Rollup.Table
+		}
+		rec := func(result string) int64 { return counterValue(s.m.PipelineRecords, p.Name, result) }
+		rows := func(op string) int64 { return counterValue(s.m.PipelineRows, p.Name, op) }
+		ps.Written, ps.Filtered, ps.Ignored, ps.DeadLettered = rec("written"), rec("filtered"), rec("ignored"), rec("dead_lettered")
+		ps.Upserted, ps.Deleted, ps.Merged = rows("upserted"), rows("deleted"), rows("merged")
+		out = append(out, ps)
+	}
+	return out, nil
+}
+
+// counterValue reads one counter of vec; 0 when it was never counted.
+func counterValue(vec *prometheus.CounterVec, labels ...string) int64 {
+	c, err := vec.GetMetricWithLabelValues(labels...)
+	if err != nil {
+		return 0
+	}
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	return int64(m.GetCounter().GetValue())
 }

@@ -20,6 +20,7 @@ type state struct {
 	Pipeline    Pipeline
 	Rollups     []Rollup
 	DeadLetters []DeadLetterSummary // nil without a DeadLetterSource
+	Pipelines   []PipelineSummary   // nil without a PipelineSource
 	Readiness   Readiness
 	GeneratedAt time.Time
 	Since       time.Time // first bucket of the window
@@ -53,6 +54,15 @@ func (s *Server) snapshot(ctx context.Context) (state, error) {
 			dead = []DeadLetterSummary{}
 		}
 	}
+	var pls []PipelineSummary
+	if ps, ok := s.source.(PipelineSource); ok {
+		if pls, err = ps.Pipelines(ctx); err != nil {
+			return state{}, err
+		}
+		if pls == nil {
+			pls = []PipelineSummary{}
+		}
+	}
 	p.Partitions = slices.Clone(p.Partitions)
 	slices.SortStableFunc(p.Partitions, func(a, b PartitionStatus) int {
 		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
@@ -71,6 +81,7 @@ func (s *Server) snapshot(ctx context.Context) (state, error) {
 		Pipeline:    p,
 		Rollups:     rs,
 		DeadLetters: dead,
+		Pipelines:   pls,
 		Readiness:   s.source.Readiness(),
 		GeneratedAt: now,
 		Since:       since,
@@ -178,10 +189,26 @@ type stateJSON struct {
 	Rollups  []rollupJSON `json:"rollups"`
 	// DeadLetters is null when the source has no dead-letter reasons.
 	DeadLetters []deadLetterJSON `json:"dead_letters"`
+	// Pipelines is null when no pipelines are configured.
+	Pipelines []pipelineSummaryJSON `json:"pipelines"`
 	Readiness   readinessJSON    `json:"readiness"`
 	GeneratedAt time.Time        `json:"generated_at"`
 	Since       time.Time        `json:"since"`
 	Window      int              `json:"window_minutes"`
+}
+
+type pipelineSummaryJSON struct {
+	Name         string `json:"name"`
+	Topic        string `json:"topic"`
+	Sink         string `json:"sink"`
+	Table        string `json:"table"`
+	Written      int64  `json:"written"`
+	Filtered     int64  `json:"filtered"`
+	Ignored      int64  `json:"ignored"`
+	DeadLettered int64  `json:"dead_lettered"`
+	Upserted     int64  `json:"upserted"`
+	Deleted      int64  `json:"deleted"`
+	Merged       int64  `json:"merged"`
 }
 
 type pipelineJSON struct {
@@ -287,6 +314,14 @@ func toStateJSON(st state) stateJSON {
 			j.Last = &last
 		}
 		out.DeadLetters = append(out.DeadLetters, j)
+	}
+	if st.Pipelines != nil {
+		out.Pipelines = make([]pipelineSummaryJSON, 0, len(st.Pipelines))
+	}
+	for _, p := range st.Pipelines {
+		out.Pipelines = append(out.Pipelines, pipelineSummaryJSON{Name: p.Name, Topic: p.Topic, Sink: p.Sink, Table: p.Table,
+			Written: p.Written, Filtered: p.Filtered, Ignored: p.Ignored, DeadLettered: p.DeadLettered,
+			Upserted: p.Upserted, Deleted: p.Deleted, Merged: p.Merged})
 	}
 	for _, r := range st.Rollups {
 		out.Rollups = append(out.Rollups, rollupJSON{

@@ -37,6 +37,16 @@ type pageView struct {
 	// ShowDeadLetters is set when the source reports dead-letter reasons.
 	ShowDeadLetters bool
 	DeadLetters     []deadLetterView
+	// ShowPipelines is set when the source runs configured pipelines.
+	ShowPipelines bool
+	Pipelines     []pipelineView
+}
+
+type pipelineView struct {
+	Name, Topic, Sink, Table                 string
+	Written, Filtered, Ignored, DeadLettered string
+	Rows                                     string
+	DLClass                                  string
 }
 
 type deadLetterView struct {
@@ -145,11 +155,26 @@ func buildView(title string, st state) pageView {
 		v.Rows = append(v.Rows, buildRow(p))
 	}
 	v.Metrics = buildMetrics(st.Rollups, st.Since)
+	v.ShowPipelines = st.Pipelines != nil
+	for _, p := range st.Pipelines {
+		v.Pipelines = append(v.Pipelines, pipelineView{Name: p.Name, Topic: p.Topic, Sink: p.Sink, Table: p.Table,
+			Written: formatInt(p.Written), Filtered: formatInt(p.Filtered), Ignored: formatInt(p.Ignored),
+			DeadLettered: formatInt(p.DeadLettered), Rows: pipelineRows(p), DLClass: badIf(p.DeadLettered)})
+	}
 	v.ShowDeadLetters = st.DeadLetters != nil
 	for _, d := range st.DeadLetters {
 		v.DeadLetters = append(v.DeadLetters, buildDeadLetter(d))
 	}
 	return v
+}
+
+// pipelineRows says what a pipeline sent to its table: "12 upserted, 3
+// deleted" or "40 merged".
+func pipelineRows(p PipelineSummary) string {
+	if p.Sink == "rollup" {
+		return formatInt(p.Merged) + " merged"
+	}
+	return formatInt(p.Upserted) + " upserted, " + formatInt(p.Deleted) + " deleted"
 }
 
 func buildDeadLetter(d DeadLetterSummary) deadLetterView {

@@ -36,6 +36,26 @@ type DeadLetterSource interface {
 	DeadLetters(ctx context.Context) ([]DeadLetterSummary, error)
 }
 
+// PipelineSource is implemented by a Source that runs configured
+// pipelines; the page then shows a pipelines panel. Like the other Source
+// methods it must be safe for concurrent use and honour ctx.
+type PipelineSource interface {
+	// Pipelines returns every configured pipeline, in configuration order.
+	Pipelines(ctx context.Context) ([]PipelineSummary, error)
+}
+
+// PipelineSummary is one line of the pipelines panel: what one configured
+// pipeline did in this instance since it started.
+type PipelineSummary struct {
+	Name  string
+	Topic string
+	Sink  string // "upsert" or "rollup"
+	Table string
+	// Records by result, and rows sent to the table by operation.
+	Written, Filtered, Ignored, DeadLettered int64
+	Upserted, Deleted, Merged                int64
+}
+
 // DeadLetterSummary is one line of the dead-letters panel: the dead letters
 // of one input topic with one reason.
 type DeadLetterSummary struct {

@@ -132,6 +132,28 @@
     body.replaceChildren.apply(body, rows);
   }
 
+  function renderPipelines(pls) {
+    var card = $("pipelines-card");
+    if (!pls) { card.hidden = true; return; }
+    card.hidden = false;
+    var rows = pls.map(function (p) {
+      var tr = el("tr");
+      var into = p.sink === "rollup" ? fmtInt(p.merged) + " merged" : fmtInt(p.upserted) + " upserted, " + fmtInt(p.deleted) + " deleted";
+      [
+        td("topic", p.name),
+        td("", p.topic),
+        td("", p.sink + " " + p.table),
+        td("num", fmtInt(p.written)),
+        td("num", fmtInt(p.filtered)),
+        td("num", fmtInt(p.ignored)),
+        td("num" + (p.dead_lettered > 0 ? " bad" : ""), fmtInt(p.dead_lettered)),
+        td("", into)
+      ].forEach(function (c) { tr.appendChild(c); });
+      return tr;
+    });
+    $("pipelines").replaceChildren.apply($("pipelines"), rows);
+  }
+
   function renderDeadLetters(dead) {
     var card = $("dead-letters-card");
     if (!dead) { card.hidden = true; return; }
@@ -289,6 +311,7 @@
         renderHeader(s);
         renderSummary(s.pipeline.partitions);
         renderPartitions(s.pipeline.partitions);
+        renderPipelines(s.pipelines);
         renderDeadLetters(s.dead_letters);
         renderMetrics(s);
         $("error").hidden = true;

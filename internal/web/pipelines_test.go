@@ -1,0 +1,60 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// pipelineSource is a fakeSource that also runs configured pipelines.
+type pipelineSource struct {
+	*fakeSource
+	pls []PipelineSummary
+}
+
+func (p *pipelineSource) Pipelines(context.Context) ([]PipelineSummary, error) { return p.pls, nil }
+
+func TestPipelinesPanel(t *testing.T) {
+	src := &pipelineSource{fakeSource: newFake(), pls: []PipelineSummary{
+		{Name: "orders", Topic: "orders", Sink: "upsert", Table: "orders", Written: 12345, Filtered: 7, Ignored: 0, DeadLettered: 3, Upserted: 9000, Deleted: 4},
+		{Name: "revenue_per_minute", Topic: "orders", Sink: "rollup", Table: "revenue_per_minute", Written: 12350, Merged: 420},
+	}}
+	h := newTestServer(t, src).Handler()
+
+	r := do(t, h, http.MethodGet, "/api/state")
+	var got struct {
+		Pipelines []struct {
+			Name         string `json:"name"`
+			Sink         string `json:"sink"`
+			Written      int64  `json:"written"`
+			DeadLettered int64  `json:"dead_lettered"`
+			Merged       int64  `json:"merged"`
+		} `json:"pipelines"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Pipelines) != 2 || got.Pipelines[0].Name != "orders" || got.Pipelines[0].Written != 12345 ||
+		got.Pipelines[0].DeadLettered != 3 || got.Pipelines[1].Sink != "rollup" || got.Pipelines[1].Merged != 420 {
+		t.Errorf("pipelines = %+v", got.Pipelines)
+	}
+	page := do(t, h, http.MethodGet, "/").body
+	for _, want := range []string{`<section id="pipelines-card" class="card">`, "revenue_per_minute", "12,345",
+		"9,000 upserted, 4 deleted", "420 merged", `<td class="num bad">3</td>`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+}
+
+func TestNoPipelinesPanelWithoutPipelines(t *testing.T) {
+	h := newTestServer(t, newFake()).Handler()
+	if page := do(t, h, http.MethodGet, "/").body; !strings.Contains(page, `<section id="pipelines-card" class="card" hidden>`) {
+		t.Error("the pipelines panel is shown without pipelines")
+	}
+	if body := do(t, h, http.MethodGet, "/api/state").body; !strings.Contains(body, `"pipelines":null`) {
+		t.Errorf("pipelines is not null: %s", body)
+	}
+}
