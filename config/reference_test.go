@@ -77,6 +77,9 @@ func TestEveryFieldHasOneKey(t *testing.T) {
 	fields := map[uintptr]string{}
 	root := reflect.ValueOf(&c).Elem()
 	for i := range root.NumField() {
+		if root.Type().Field(i).Name == "Pipelines" {
+			continue // a list read from the file only, documented in docs/pipelines.md
+		}
 		section := root.Field(i)
 		for j := range section.NumField() {
 			fields[section.Field(j).Addr().Pointer()] = root.Type().Field(i).Name + "." + section.Type().Field(j).Name
