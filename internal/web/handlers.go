@@ -190,11 +190,11 @@ type stateJSON struct {
 	// DeadLetters is null when the source has no dead-letter reasons.
 	DeadLetters []deadLetterJSON `json:"dead_letters"`
 	// Pipelines is null when no pipelines are configured.
-	Pipelines []pipelineSummaryJSON `json:"pipelines"`
-	Readiness   readinessJSON    `json:"readiness"`
-	GeneratedAt time.Time        `json:"generated_at"`
-	Since       time.Time        `json:"since"`
-	Window      int              `json:"window_minutes"`
+	Pipelines   []pipelineSummaryJSON `json:"pipelines"`
+	Readiness   readinessJSON         `json:"readiness"`
+	GeneratedAt time.Time             `json:"generated_at"`
+	Since       time.Time             `json:"since"`
+	Window      int                   `json:"window_minutes"`
 }
 
 type pipelineSummaryJSON struct {
