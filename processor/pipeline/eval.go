@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/interpreter"
@@ -21,8 +20,46 @@ import (
 )
 
 // activation returns the CEL variables of rec: value (what the topic's
-// format decoded) and record (its Kafka metadata).
+// format decoded) and record (its Kafka metadata, built on first use: most
+// pipelines read only value). It is used on one goroutine, for one record.
 func activation(rec *processor.Record, format string) (interpreter.Activation, error) {
+	a := &recordActivation{rec: rec}
+	switch {
+	case rec.Value == nil:
+	case format == "event":
+		a.value = rec.Event
+	default:
+		a.value = rec.Decoded
+	}
+	return a, nil
+}
+
+// recordActivation resolves value and record for one record.
+type recordActivation struct {
+	rec    *processor.Record
+	value  any
+	record map[string]any
+}
+
+// ResolveName implements interpreter.Activation.
+func (a *recordActivation) ResolveName(name string) (any, bool) {
+	switch name {
+	case "value":
+		return a.value, true
+	case "record":
+		if a.record == nil {
+			a.record = recordVar(a.rec)
+		}
+		return a.record, true
+	}
+	return nil, false
+}
+
+// Parent implements interpreter.Activation: there is none.
+func (a *recordActivation) Parent() interpreter.Activation { return nil }
+
+// recordVar is the record variable of rec.
+func recordVar(rec *processor.Record) map[string]any {
 	headers := make(map[string][]byte, len(rec.Headers))
 	for _, h := range rec.Headers {
 		headers[h.Key] = h.Value // the last of a name wins
@@ -31,25 +68,14 @@ func activation(rec *processor.Record, format string) (interpreter.Activation, e
 	if key == nil {
 		key = []byte{}
 	}
-	vars := map[string]any{
-		"record": map[string]any{
-			"key":       key,
-			"headers":   headers,
-			"timestamp": rec.Timestamp,
-			"topic":     rec.Topic,
-			"partition": int64(rec.Partition),
-			"offset":    rec.Offset,
-		},
+	return map[string]any{
+		"key":       key,
+		"headers":   headers,
+		"timestamp": rec.Timestamp,
+		"topic":     rec.Topic,
+		"partition": int64(rec.Partition),
+		"offset":    rec.Offset,
 	}
-	switch {
-	case rec.Value == nil:
-		vars["value"] = nil
-	case format == "event":
-		vars["value"] = rec.Event
-	default:
-		vars["value"] = rec.Decoded
-	}
-	return cel.NewActivation(vars)
 }
 
 // eval evaluates e; an evaluation error names e's key path.

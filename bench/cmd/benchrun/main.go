@@ -93,6 +93,9 @@ type options struct {
 	onlyScale   bool
 	// The query exec mode section (execmode.go).
 	onlyExecMode bool
+	// The configured-pipelines section (pipelines.go).
+	onlyPipelines  bool
+	pipelineOrders int64
 }
 
 func run(ctx context.Context) error {
@@ -119,6 +122,8 @@ func run(ctx context.Context) error {
 	flag.StringVar(&o.scaleParts, "scale-partitions", "12,256,1024", "partition counts of the drains (g), the first the baseline, the last also for peak RSS and idle CPU")
 	flag.BoolVar(&o.onlyScale, "only-scale", false, "run the partition-count section alone (to develop it; the table then has its rows only)")
 	flag.BoolVar(&o.onlyExecMode, "only-exec-mode", false, "run the query exec mode section (h) alone on a -events backlog (the table then has its rows only)")
+	flag.BoolVar(&o.onlyPipelines, "only-pipelines", false, "run the configured-pipelines section (i) alone on a -events backlog (the table then has its rows only)")
+	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (i)")
 	flag.Parse()
 	if o.command == "" {
 		o.command = fmt.Sprint(os.Args)
@@ -144,6 +149,7 @@ func run(ctx context.Context) error {
 	rwTopics := []string{"rw-naive", "rw-naive-commit", "rw-ratchet"}
 	topics := []string{"events", "events.dlq", "poison", "poison.dlq", "lat", "lat.dlq", "mem-s", "mem-s.dlq", "mem-l", "mem-l.dlq"}
 	topics = append(topics, rwTopics...)
+	topics = append(topics, pipelineTopics...)
 	brokerLog, err := os.Create(filepath.Join(o.outDir, "broker.log"))
 	if err != nil {
 		return err
@@ -172,6 +178,18 @@ func run(ctx context.Context) error {
 	}
 	if o.onlyScale {
 		if rep.scale, err = runScale(ctx, env, o, scaleParts, say, quiet); err != nil {
+			return err
+		}
+		return rep.write(began, say)
+	}
+	if o.onlyPipelines {
+		d, err := preload(ctx, env.brokers, "events", o.events, 1, quiet)
+		if err != nil {
+			return err
+		}
+		say("preloaded %d events to events in %s", o.events, d.Round(time.Millisecond))
+		rep.preload = append(rep.preload, fmt.Sprintf("%d events to `events` in %s", o.events, d.Round(time.Millisecond)))
+		if rep.pipelines, err = runPipelines(ctx, env, o.events, o.pipelineOrders, o.rounds, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -351,6 +369,12 @@ func run(ctx context.Context) error {
 	// 5b. Query exec modes (issue 27): the session-free default against
 	// named prepared statements, on the drains' backlog.
 	if rep.execMode, err = runExecMode(ctx, env, "events", o.events, o.rounds, say); err != nil {
+		return err
+	}
+
+	// 5c. Configured pipelines (issue 25): the dashboard as a pipeline
+	// against the built-in one, and upsert pipelines on JSON and Avro.
+	if rep.pipelines, err = runPipelines(ctx, env, o.events, o.pipelineOrders, o.rounds, say); err != nil {
 		return err
 	}
 
