@@ -101,7 +101,13 @@ func newDecoders(cfg config.Config, opts Options, pipelines *pipeline.Set, m *me
 		}
 	}
 	return func(topic string) actors.ValueDecoder {
-		return skipReplaysOfOtherGroups(decoder(topic), cfg.Kafka.GroupID, m.ReplaysSkipped.WithLabelValues(topic))
+		d := decoder(topic)
+		if pipelines != nil {
+			if f, ok := pipelines.Format(topic); ok && f == config.PipelineEvent {
+				d = passTombstones(d)
+			}
+		}
+		return skipReplaysOfOtherGroups(d, cfg.Kafka.GroupID, m.ReplaysSkipped.WithLabelValues(topic))
 	}, nil
 }
 
@@ -150,6 +156,31 @@ type countedValueResolver struct {
 
 func (c *countedValueResolver) DecodeRecord(rec *processor.Record) error {
 	return c.count(c.ValueDecoder.DecodeRecord(rec))
+}
+
+// passTombstones lets a null value (a tombstone) through dec undecoded:
+// the event formats would refuse it as poison, but a pipeline of format
+// event may delete on it. A Resolver stays one.
+func passTombstones(dec actors.ValueDecoder) actors.ValueDecoder {
+	t := tombstones{dec}
+	if r, ok := dec.(actors.Resolver); ok {
+		return tombstonesResolver{tombstones: t, Resolver: r}
+	}
+	return t
+}
+
+type tombstones struct{ actors.ValueDecoder }
+
+func (t tombstones) DecodeRecord(rec *processor.Record) error {
+	if rec.Value == nil {
+		return nil
+	}
+	return t.ValueDecoder.DecodeRecord(rec)
+}
+
+type tombstonesResolver struct {
+	tombstones
+	actors.Resolver
 }
 
 // custom adapts a processor.Decoder; every error it returns is poison.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,9 +68,12 @@ type Processor struct {
 	types    map[int]*table
 }
 
-// statements are one pipeline's SQL, built once.
+// statements are one pipeline's SQL, built once, and how each of its
+// columns travels (in the statement's column order).
 type statements struct {
 	upsert, delete string
+	kinds          []wireKind
+	types          []string
 }
 
 // New returns the processor of set writing to the tables schema describes
@@ -101,9 +105,11 @@ func typeOf(t *table, col string) string {
 	return "text"
 }
 
-// buildStatements writes a pipeline's statements. Values travel as text
-// arrays, one per column, and are cast to the column's type in the
-// statement: PostgreSQL parses them as it parses any literal.
+// buildStatements writes a pipeline's statements. Values travel as one
+// array per column: of the column's own kind where it is a common one
+// (text, integers, floats, timestamptz, bool), assigned as they are;
+// otherwise as text cast to the column's type in the statement, which
+// PostgreSQL parses as it parses a literal.
 func buildStatements(pl *pipeline, t *table) *statements {
 	st := &statements{}
 	ident := quoteTable(sinkTable(pl))
@@ -114,10 +120,16 @@ func buildStatements(pl *pipeline, t *table) *statements {
 	add := func(name string) {
 		i := len(cols)
 		typ := typeOf(t, name)
+		k := wireOf(typ)
+		st.kinds, st.types = append(st.kinds, k), append(st.types, typ)
 		cols = append(cols, quoteColumn(name))
-		params = append(params, fmt.Sprintf("$%d::text[]", i+1))
+		params = append(params, fmt.Sprintf("$%d::%s", i+1, k.arrayType()))
 		alias = append(alias, fmt.Sprintf("c%d", i))
-		sel = append(sel, fmt.Sprintf("u.c%d::%s", i, typ))
+		if k == wireText {
+			sel = append(sel, fmt.Sprintf("u.c%d::%s", i, typ))
+		} else {
+			sel = append(sel, fmt.Sprintf("u.c%d", i))
+		}
 	}
 	if u := pl.upsert; u != nil {
 		for _, k := range u.key {
@@ -182,15 +194,15 @@ func sinkTable(pl *pipeline) string {
 
 // upsertRow is the last operation on one key in a batch.
 type upsertRow struct {
-	key    string    // the key columns' text, for collapsing and ordering
-	vals   []*string // key columns, then the other columns; keys only for a delete
+	key    string // the key columns' values, for collapsing and ordering
+	vals   []any  // key columns, then the other columns; keys only for a delete
 	delete bool
 }
 
 // rollupRow is one group and bucket of a batch.
 type rollupRow struct {
 	key    string
-	group  []*string
+	group  []any
 	bucket time.Time
 	count  []int64 // per aggregate; count aggregates use it
 	nums   []number
@@ -256,13 +268,14 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 // collect evaluates one pipeline on one record.
 func (p *Processor) collect(st *batchState, rec *processor.Record, act interpreter.Activation) error {
 	pl := st.pl
+	sql := p.stmts[pl.index]
 	if rec.Value == nil { // a tombstone skips where
 		u := pl.upsert
 		if u == nil || !u.deleteOnNil {
 			st.ignored++
 			return nil
 		}
-		vals, key, err := p.evalColumns(pl, u.key, act)
+		vals, key, err := evalColumns(u.key, sql, 0, act, nil)
 		if err != nil {
 			return err
 		}
@@ -281,20 +294,20 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 		}
 	}
 	if u := pl.upsert; u != nil {
-		keys, key, err := p.evalColumns(pl, u.key, act)
+		vals, key, err := evalColumns(u.key, sql, 0, act, make([]any, 0, len(u.key)+len(u.columns)))
 		if err != nil {
 			return err
 		}
-		for i, k := range keys {
+		for i, k := range vals {
 			if k == nil {
 				return fmt.Errorf("%s: null (a key column cannot be null)", u.key[i].shortKey())
 			}
 		}
-		vals, _, err := p.evalColumns(pl, u.columns, act)
+		vals, _, err = evalColumns(u.columns, sql, len(u.key), act, vals)
 		if err != nil {
 			return err
 		}
-		st.putUpsert(upsertRow{key: key, vals: append(keys, vals...)})
+		st.putUpsert(upsertRow{key: key, vals: vals})
 		st.written++
 		return nil
 	}
@@ -307,15 +320,24 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 	if err != nil {
 		return fmt.Errorf("%s: %w", r.time.shortKey(), err)
 	}
-	group, key, err := p.evalColumns(pl, r.groupBy, act)
+	group, key, err := evalColumns(r.groupBy, sql, 0, act, nil)
 	if err != nil {
 		return err
 	}
 	bucket := bucketStart(t, r.bucket)
-	key += "\x00" + bucket.Format(time.RFC3339)
-	nums := make([]number, len(r.aggregates))
+	key = string(strconv.AppendInt([]byte(key), bucket.Unix(), 10))
+	var nums [8]number // the aggregates' operands; more than 8 spill
+	ops := nums[:0]
+	// Aggregates of one expression (sum, min and max of one value) share
+	// its evaluation.
+	var done [8]*expr
 	for i, a := range r.aggregates {
+		ops = append(ops, number{})
 		if a.kind == aggCount {
+			continue
+		}
+		if j := slices.IndexFunc(done[:min(i, len(done))], func(e *expr) bool { return e != nil && e.src == a.arg.src }); j >= 0 {
+			ops[i] = ops[j]
 			continue
 		}
 		v, err := a.arg.eval(act)
@@ -329,7 +351,10 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 		if n.isFloat && (math.IsNaN(n.f) || math.IsInf(n.f, 0)) {
 			return fmt.Errorf("%s: %v is not a finite number", a.arg.shortKey(), n.f)
 		}
-		nums[i] = n
+		ops[i] = n
+		if i < len(done) {
+			done[i] = a.arg
+		}
 	}
 	idx, ok := st.rollups[key]
 	if !ok {
@@ -344,13 +369,13 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 		case a.kind == aggCount:
 			row.count[i]++
 		case !row.set[i]:
-			row.nums[i], row.set[i] = nums[i], true
+			row.nums[i], row.set[i] = ops[i], true
 		case a.kind == aggSum:
-			row.nums[i] = row.nums[i].add(nums[i])
-		case a.kind == aggMin && nums[i].less(row.nums[i]):
-			row.nums[i] = nums[i]
-		case a.kind == aggMax && row.nums[i].less(nums[i]):
-			row.nums[i] = nums[i]
+			row.nums[i] = row.nums[i].add(ops[i])
+		case a.kind == aggMin && ops[i].less(row.nums[i]):
+			row.nums[i] = ops[i]
+		case a.kind == aggMax && row.nums[i].less(ops[i]):
+			row.nums[i] = ops[i]
 		}
 	}
 	st.written++
@@ -366,30 +391,23 @@ func (st *batchState) putUpsert(r upsertRow) {
 	st.uRows = append(st.uRows, r)
 }
 
-// evalColumns evaluates columns into their text, and a key joining them.
-func (p *Processor) evalColumns(pl *pipeline, cols []*expr, act interpreter.Activation) ([]*string, string, error) {
-	t := p.types[pl.index]
-	out := make([]*string, len(cols))
-	var key strings.Builder
+// evalColumns evaluates cols, the statement's columns from first on, into
+// values of their columns' kinds appended to out, and a key joining them.
+func evalColumns(cols []*expr, sql *statements, first int, act interpreter.Activation, out []any) ([]any, string, error) {
+	var key []byte
 	for i, c := range cols {
 		v, err := c.eval(act)
 		if err != nil {
 			return nil, "", err
 		}
-		s, err := text(v, typeOf(t, c.name))
+		x, err := sql.kinds[first+i].value(v, sql.types[first+i])
 		if err != nil {
 			return nil, "", fmt.Errorf("%s: %w", c.shortKey(), err)
 		}
-		out[i] = s
-		if s == nil {
-			key.WriteString("\x01")
-		} else {
-			key.WriteString("\x02")
-			key.WriteString(*s)
-		}
-		key.WriteByte(0)
+		out = append(out, x)
+		key = keyText(key, x)
 	}
-	return out, key.String(), nil
+	return out, string(key), nil
 }
 
 // write sends one pipeline's rows. Rows are in key order, so transactions
@@ -420,13 +438,13 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 			}
 		}
 		if len(dels) > 0 {
-			if err := exec("delete", sql.delete, len(dels), columnsOf(dels, len(pl.upsert.key))); err != nil {
+			if err := exec("delete", sql.delete, len(dels), columnsOf(dels, sql.kinds[:len(pl.upsert.key)])); err != nil {
 				return err
 			}
 			p.counters.Rows(pl.name, "deleted", len(dels))
 		}
 		if len(ups) > 0 {
-			if err := exec("upsert", sql.upsert, len(ups), columnsOf(ups, len(pl.upsert.key)+len(pl.upsert.columns))); err != nil {
+			if err := exec("upsert", sql.upsert, len(ups), columnsOf(ups, sql.kinds)); err != nil {
 				return err
 			}
 			p.counters.Rows(pl.name, "upserted", len(ups))
@@ -438,47 +456,40 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 	}
 	slices.SortFunc(st.rRows, func(a, b rollupRow) int { return cmp.Compare(a.key, b.key) })
 	r := pl.rollup
-	ng, na := len(r.groupBy), len(r.aggregates)
-	args := make([]any, ng+1+na)
-	cols := make([][]*string, ng+1+na)
-	for i := range cols {
-		cols[i] = make([]*string, len(st.rRows))
+	ng, n := len(r.groupBy), len(st.rRows)
+	args := make([]any, 0, ng+1+len(r.aggregates))
+	for i := range ng {
+		args = append(args, column(sql.kinds[i], n, func(j int) any { return st.rRows[j].group[i] }))
 	}
-	for j, row := range st.rRows {
-		for i, g := range row.group {
-			cols[i][j] = g
-		}
-		b := row.bucket.Format(time.RFC3339)
-		cols[ng][j] = &b
-		for i, a := range r.aggregates {
-			var s string
+	args = append(args, column(sql.kinds[ng], n, func(j int) any { return st.rRows[j].bucket }))
+	for i, a := range r.aggregates {
+		k, typ := sql.kinds[ng+1+i], sql.types[ng+1+i]
+		vals := make([]any, n)
+		for j, row := range st.rRows {
+			num := row.nums[i]
 			if a.kind == aggCount {
-				s = fmt.Sprint(row.count[i])
-			} else {
-				s = row.nums[i].String()
+				num = number{i: row.count[i]}
 			}
-			cols[ng+1+i][j] = &s
+			v, err := k.numberValue(num, typ)
+			if err != nil {
+				return processor.Permanent(&RecordError{Pipeline: pl.name, Err: fmt.Errorf("%s: %w", a.key[strings.Index(a.key, "]")+2:], err)})
+			}
+			vals[j] = v
 		}
+		args = append(args, column(k, n, func(j int) any { return vals[j] }))
 	}
-	for i := range cols {
-		args[i] = cols[i]
-	}
-	if err := exec("merge", sql.upsert, len(st.rRows), args); err != nil {
+	if err := exec("merge", sql.upsert, n, args); err != nil {
 		return err
 	}
-	p.counters.Rows(pl.name, "merged", len(st.rRows))
+	p.counters.Rows(pl.name, "merged", n)
 	return nil
 }
 
-// columnsOf turns rows into one text array per column.
-func columnsOf(rows []upsertRow, n int) []any {
-	args := make([]any, n)
-	for i := range n {
-		col := make([]*string, len(rows))
-		for j, r := range rows {
-			col[j] = r.vals[i]
-		}
-		args[i] = col
+// columnsOf turns rows into one array per column of kinds.
+func columnsOf(rows []upsertRow, kinds []wireKind) []any {
+	args := make([]any, len(kinds))
+	for i, k := range kinds {
+		args[i] = column(k, len(rows), func(j int) any { return rows[j].vals[i] })
 	}
 	return args
 }

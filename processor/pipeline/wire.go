@@ -1,0 +1,231 @@
+package pipeline
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+)
+
+// wireKind is how a column's values travel to PostgreSQL: as an array of
+// the column's own kind of value (sent in binary, assigned without a
+// parse), or as text cast to the column's type in the statement.
+type wireKind int
+
+const (
+	wireText   wireKind = iota // text[], cast to the column's type (numeric, jsonb, uuid, ...)
+	wireString                 // text[], assigned as is (text, varchar)
+	wireInt                    // int8[] (bigint, integer, smallint: assignment casts check the range)
+	wireFloat                  // float8[] (double precision, real)
+	wireTime                   // timestamptz[] (timestamp with time zone)
+	wireBool                   // bool[]
+)
+
+// wireOf picks the wire kind of a column of type pgType (format_type's
+// spelling).
+func wireOf(pgType string) wireKind {
+	switch pgType {
+	case "text", "character varying":
+		return wireString
+	case "bigint", "integer", "smallint":
+		return wireInt
+	case "double precision", "real":
+		return wireFloat
+	case "timestamp with time zone":
+		return wireTime
+	case "boolean":
+		return wireBool
+	}
+	if strings.HasPrefix(pgType, "character varying(") {
+		return wireString
+	}
+	return wireText
+}
+
+// arrayType is the parameter type of a column's array.
+func (k wireKind) arrayType() string {
+	switch k {
+	case wireInt:
+		return "int8[]"
+	case wireFloat:
+		return "float8[]"
+	case wireTime:
+		return "timestamptz[]"
+	case wireBool:
+		return "bool[]"
+	}
+	return "text[]"
+}
+
+// value converts a CEL value for a column of kind k and type pgType:
+// string, int64, float64, time.Time, bool, or nil for NULL. A value that
+// cannot be one is an error naming what it is.
+func (k wireKind) value(v ref.Val, pgType string) (any, error) {
+	if _, ok := v.(types.Null); ok {
+		return nil, nil
+	}
+	switch k {
+	case wireInt:
+		switch x := v.(type) {
+		case types.Int:
+			return int64(x), nil
+		case types.Uint:
+			if uint64(x) <= math.MaxInt64 {
+				return int64(x), nil
+			}
+		case types.Double:
+			if f := float64(x); f == math.Trunc(f) && math.Abs(f) < 1<<63 {
+				return int64(f), nil
+			}
+		case types.String:
+			if n, err := strconv.ParseInt(strings.TrimSpace(string(x)), 10, 64); err == nil {
+				return n, nil
+			}
+		}
+		return nil, fmt.Errorf("%s is not an integer for a %s column", show(v), pgType)
+	case wireFloat:
+		switch x := v.(type) {
+		case types.Int:
+			return float64(x), nil
+		case types.Uint:
+			return float64(x), nil
+		case types.Double:
+			return float64(x), nil
+		case types.String:
+			if f, err := strconv.ParseFloat(strings.TrimSpace(string(x)), 64); err == nil {
+				return f, nil
+			}
+		}
+		return nil, fmt.Errorf("%s is not a number for a %s column", show(v), pgType)
+	case wireTime:
+		switch x := v.(type) {
+		case types.Timestamp:
+			return x.Time, nil
+		case types.String:
+			if t, err := time.Parse(time.RFC3339Nano, string(x)); err == nil {
+				return t, nil
+			}
+		}
+		return nil, fmt.Errorf("%s is not a timestamp (or an RFC 3339 string) for a %s column", show(v), pgType)
+	case wireBool:
+		switch x := v.(type) {
+		case types.Bool:
+			return bool(x), nil
+		case types.String:
+			if b, err := strconv.ParseBool(string(x)); err == nil {
+				return b, nil
+			}
+		}
+		return nil, fmt.Errorf("%s is not a bool for a %s column", show(v), pgType)
+	}
+	s, err := text(v, pgType)
+	if err != nil || s == nil {
+		return nil, err
+	}
+	return *s, nil
+}
+
+// show renders a CEL value for an error message, shortened.
+func show(v ref.Val) string {
+	s := fmt.Sprintf("%v", v.Value())
+	if _, ok := v.(types.String); ok {
+		s = strconv.Quote(s)
+	}
+	if len(s) > 60 {
+		s = s[:60] + "..."
+	}
+	return "the " + v.Type().TypeName() + " " + s
+}
+
+// numberValue converts an aggregate for a column of kind k.
+func (k wireKind) numberValue(n number, pgType string) (any, error) {
+	switch k {
+	case wireInt:
+		if n.isFloat {
+			if n.f != math.Trunc(n.f) || math.Abs(n.f) >= 1<<63 {
+				return nil, fmt.Errorf("%v is not an integer for a %s column", n.f, pgType)
+			}
+			return int64(n.f), nil
+		}
+		return n.i, nil
+	case wireFloat:
+		return n.float(), nil
+	case wireTime, wireBool:
+		return nil, fmt.Errorf("an aggregate cannot be written to a %s column", pgType)
+	}
+	return n.String(), nil
+}
+
+// keyText appends a converted value to a key that collapses and orders
+// rows: every kind renders distinctly, NULL included.
+func keyText(b []byte, v any) []byte {
+	switch x := v.(type) {
+	case nil:
+		return append(b, 1, 0)
+	case string:
+		b = append(b, 2)
+		b = append(b, x...)
+	case int64:
+		b = append(b, 2)
+		b = strconv.AppendInt(b, x, 10)
+	case float64:
+		b = append(b, 2)
+		b = strconv.AppendFloat(b, x, 'g', -1, 64)
+	case time.Time:
+		b = append(b, 2)
+		b = strconv.AppendInt(b, x.UnixNano(), 10)
+	case bool:
+		b = append(b, 2)
+		b = strconv.AppendBool(b, x)
+	}
+	return append(b, 0)
+}
+
+// column builds one column's array for the statement from rows' values.
+func column(k wireKind, n int, at func(j int) any) any {
+	switch k {
+	case wireInt:
+		out := make([]*int64, n)
+		for j := range n {
+			if v, ok := at(j).(int64); ok {
+				out[j] = &v
+			}
+		}
+		return out
+	case wireFloat:
+		out := make([]*float64, n)
+		for j := range n {
+			if v, ok := at(j).(float64); ok {
+				out[j] = &v
+			}
+		}
+		return out
+	case wireTime:
+		out := make([]*time.Time, n)
+		for j := range n {
+			if v, ok := at(j).(time.Time); ok {
+				out[j] = &v
+			}
+		}
+		return out
+	case wireBool:
+		out := make([]*bool, n)
+		for j := range n {
+			if v, ok := at(j).(bool); ok {
+				out[j] = &v
+			}
+		}
+		return out
+	}
+	out := make([]*string, n)
+	for j := range n {
+		if v, ok := at(j).(string); ok {
+			out[j] = &v
+		}
+	}
+	return out
+}
