@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/google/cel-go/interpreter"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"ratchet/config"
+	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
 )
 
@@ -79,7 +81,7 @@ func BenchmarkCollect(b *testing.B) {
 	for b.Loop() {
 		rec := &recs[i%len(recs)]
 		var act interpreter.Activation
-		if act, err = activation(rec, "json"); err != nil {
+		if act, err = activation(rec, "json", set.adapter); err != nil {
 			b.Fatal(err)
 		}
 		for _, st := range states {
@@ -89,6 +91,40 @@ func BenchmarkCollect(b *testing.B) {
 		}
 		if i++; i%len(recs) == 0 {
 			reset() // a batch of 1000
+		}
+	}
+}
+
+// BenchmarkCollectDashboard is the CEL cost per record of the dashboard as
+// a pipeline (examples/pipelines/dashboard.yaml) on ratchet.v1.Event.
+func BenchmarkCollectDashboard(b *testing.B) {
+	cfg, err := config.Load("../../examples/pipelines/dashboard.yaml", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := Compile(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := New(set, &Schema{tables: map[int]*table{}}, nil)
+	recs := make([]processor.Record, 1000)
+	for i := range recs {
+		recs[i] = processor.Record{Topic: "events", Offset: int64(i), Value: []byte{1},
+			Event: &ratchetv1.Event{Id: fmt.Sprint(i), Metric: fmt.Sprintf("m%d", i%6), Value: float64(i % 100),
+				Time: timestamppb.New(time.Date(2026, 12, 1, 9, i%60, 0, 0, time.UTC))}}
+	}
+	pl := set.byTopic["events"][0]
+	st := &batchState{pl: pl, upserts: map[string]int{}, rollups: map[string]int{}}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		rec := &recs[i%len(recs)]
+		act, _ := activation(rec, "event", set.adapter)
+		if err := p.collect(st, rec, act); err != nil {
+			b.Fatal(err)
+		}
+		if i++; i%len(recs) == 0 {
+			st = &batchState{pl: pl, upserts: map[string]int{}, rollups: map[string]int{}}
 		}
 	}
 }

@@ -2,10 +2,12 @@ package pipeline
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/ext"
 
 	"ratchet/config"
@@ -27,6 +29,8 @@ type Set struct {
 	byTopic   map[string][]*pipeline
 	// formats is the pipeline format of each topic (one per topic).
 	formats map[string]string
+	// adapter converts Go values to CEL values (the environment's).
+	adapter types.Adapter
 }
 
 // pipeline is one compiled pipeline.
@@ -47,6 +51,10 @@ type expr struct {
 	prg  cel.Program
 	out  *cel.Type
 	name string // the column it writes, if any
+	// path is set when the expression is a field path of value
+	// (value.a.b): the field names, evaluated without the interpreter
+	// when the value allows (see fast).
+	path []string
 }
 
 type upsertSink struct {
@@ -108,7 +116,7 @@ func Compile(cfg config.Config) (*Set, error) {
 		return nil, fmt.Errorf("pipelines: CEL environment: %w", err)
 	}
 	c := &compiler{env: env, noValue: noValue}
-	s := &Set{byTopic: map[string][]*pipeline{}, formats: map[string]string{}}
+	s := &Set{byTopic: map[string][]*pipeline{}, formats: map[string]string{}, adapter: env.CELTypeAdapter()}
 	for i, pc := range cfg.Pipelines {
 		p := &pipeline{index: i, name: pc.Name, topic: pc.Topic, format: pc.Format}
 		if pc.Where != "" {
@@ -155,8 +163,15 @@ func (c *compiler) compile(key, src, column string) *expr {
 		c.ps = append(c.ps, config.Problem{Key: key, Reason: "CEL program: " + oneLine(err.Error())})
 		return nil
 	}
-	return &expr{key: key, src: src, prg: prg, out: ast.OutputType(), name: column}
+	e := &expr{key: key, src: src, prg: prg, out: ast.OutputType(), name: column}
+	if fieldPath.MatchString(src) {
+		e.path = strings.Split(src, ".")[1:]
+	}
+	return e
 }
+
+// fieldPath matches an expression that only selects fields of value.
+var fieldPath = regexp.MustCompile(`^value(\.[A-Za-z_][A-Za-z0-9_]*)+$`)
 
 // readsValue reports whether src needs the variable value.
 func (c *compiler) readsValue(src string) bool {

@@ -16,18 +16,21 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
 )
 
 // activation returns the CEL variables of rec: value (what the topic's
 // format decoded) and record (its Kafka metadata, built on first use: most
 // pipelines read only value). It is used on one goroutine, for one record.
-func activation(rec *processor.Record, format string) (interpreter.Activation, error) {
-	a := &recordActivation{rec: rec}
+func activation(rec *processor.Record, format string, adapter types.Adapter) (interpreter.Activation, error) {
+	a := &recordActivation{rec: rec, adapter: adapter}
 	switch {
 	case rec.Value == nil:
 	case format == "event":
-		a.value = rec.Event
+		if rec.Event != nil {
+			a.value = rec.Event
+		}
 	default:
 		a.value = rec.Decoded
 	}
@@ -36,21 +39,31 @@ func activation(rec *processor.Record, format string) (interpreter.Activation, e
 
 // recordActivation resolves value and record for one record.
 type recordActivation struct {
-	rec    *processor.Record
-	value  any
-	record map[string]any
+	rec     *processor.Record
+	adapter types.Adapter
+	value   any
+	// valueVal and recordVal are value and record converted to CEL values,
+	// once per record however many expressions read them.
+	valueVal, recordVal ref.Val
 }
 
 // ResolveName implements interpreter.Activation.
 func (a *recordActivation) ResolveName(name string) (any, bool) {
 	switch name {
 	case "value":
-		return a.value, true
-	case "record":
-		if a.record == nil {
-			a.record = recordVar(a.rec)
+		if a.valueVal == nil {
+			if a.value == nil {
+				a.valueVal = types.NullValue
+			} else {
+				a.valueVal = a.adapter.NativeToValue(a.value)
+			}
 		}
-		return a.record, true
+		return a.valueVal, true
+	case "record":
+		if a.recordVal == nil {
+			a.recordVal = a.adapter.NativeToValue(recordVar(a.rec))
+		}
+		return a.recordVal, true
 	}
 	return nil, false
 }
@@ -80,11 +93,73 @@ func recordVar(rec *processor.Record) map[string]any {
 
 // eval evaluates e; an evaluation error names e's key path.
 func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
+	if e.path != nil {
+		if v, ok := e.fast(act); ok {
+			return v, nil
+		}
+	}
 	v, _, err := e.prg.Eval(act)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", e.shortKey(), err)
 	}
 	return v, nil
+}
+
+// fast evaluates a field path of value (value.a.b) without the CEL
+// interpreter, on a JSON or Avro map or a ratchet.v1.Event. It returns
+// false for anything else, and wherever CEL's answer could differ (a key
+// that is absent, an unset message field): the interpreter then decides.
+func (e *expr) fast(act interpreter.Activation) (ref.Val, bool) {
+	a, ok := act.(*recordActivation)
+	if !ok || a.value == nil {
+		return nil, false
+	}
+	cur := a.value
+	for i, name := range e.path {
+		switch x := cur.(type) {
+		case map[string]any:
+			v, ok := x[name]
+			if !ok {
+				return nil, false
+			}
+			cur = v
+		case *ratchetv1.Event:
+			if i != len(e.path)-1 {
+				return nil, false
+			}
+			switch name {
+			case "metric":
+				return types.String(x.GetMetric()), true
+			case "value":
+				return types.Double(x.GetValue()), true
+			case "id":
+				return types.String(x.GetId()), true
+			case "time":
+				if x.GetTime() == nil {
+					return nil, false
+				}
+				return types.Timestamp{Time: x.GetTime().AsTime()}, true
+			}
+			return nil, false
+		default:
+			return nil, false
+		}
+	}
+	switch x := cur.(type) {
+	case string:
+		return types.String(x), true
+	case int64:
+		return types.Int(x), true
+	case float64:
+		return types.Double(x), true
+	case bool:
+		return types.Bool(x), true
+	case nil:
+		return types.NullValue, true
+	case map[string]any, []any:
+		return nil, false // containers: the interpreter adapts them
+	}
+	return a.adapter.NativeToValue(cur), true
 }
 
 // shortKey is the key path without the pipelines[i] prefix (the pipeline

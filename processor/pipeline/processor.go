@@ -236,7 +236,7 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 	format := p.set.formats[b.Topic]
 	for i := range b.Records {
 		rec := &b.Records[i]
-		act, err := activation(rec, format)
+		act, err := activation(rec, format, p.set.adapter)
 		if err != nil {
 			return fmt.Errorf("pipelines: CEL activation: %w", err)
 		}
