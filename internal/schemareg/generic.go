@@ -78,6 +78,15 @@ func (d *ValueDecoder) DecodeRecord(rec *processor.Record) error {
 	return nil
 }
 
+// avroAPI decodes Avro values from Kafka with bounds: a count in the
+// payload (an array's block length) cannot make the decoder allocate more
+// than maxAvroElements elements at once, nor a string or bytes value more
+// than 8 MiB, whatever the bytes say.
+var avroAPI = avro.Config{MaxByteSliceSize: 8 << 20, MaxSliceAllocSize: maxAvroElements}.Freeze()
+
+// maxAvroElements bounds the elements of one Avro array value.
+const maxAvroElements = 1 << 18
+
 // decodeAvro decodes payload with s's Avro schema, parsed on first use.
 func (s *Schema) decodeAvro(payload []byte) (any, error) {
 	s.avroOnce.Do(func() {
@@ -94,8 +103,11 @@ func (s *Schema) decodeAvro(payload []byte) (any, error) {
 		return nil, fmt.Errorf("%s", s.avroProblem)
 	}
 	var v any
-	if err := avro.Unmarshal(s.avro, payload, &v); err != nil {
-		return nil, fmt.Errorf("schema id %d: %v", s.ID, err)
+	if err := avroAPI.Unmarshal(s.avro, payload, &v); err != nil {
+		return nil, fmt.Errorf("schema id %d: %v", s.ID, shorten(err.Error()))
+	}
+	if v == nil && s.avro.Type() != avro.Null {
+		return nil, fmt.Errorf("schema id %d: no value (the payload is empty or truncated)", s.ID)
 	}
 	return avroValue(s.avro, v), nil
 }
@@ -296,4 +308,12 @@ func protoField(fd protoreflect.FieldDescriptor, v protoreflect.Value) any {
 		return protoMessage(v.Message())
 	}
 	return nil
+}
+
+// shorten bounds an error text from a decoder of bytes from Kafka.
+func shorten(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "..."
+	}
+	return s
 }

@@ -247,3 +247,30 @@ func TestEpochMillisAndTimestampTimes(t *testing.T) {
 	}
 	assertRows(t, pool, `SELECT to_char(minute AT TIME ZONE 'UTC','YYYY-MM-DD HH24:MI') FROM revenue_per_minute`, "2025-12-01 09:01")
 }
+
+// The record variable: key, headers (the last of a name wins), timestamp,
+// topic, partition and offset; bytes into a bytea column.
+func TestRecordVariable(t *testing.T) {
+	const yaml = `
+kafka:
+  topics: [orders]
+pipelines:
+  - name: meta
+    topic: orders
+    format: json
+    upsert:
+      table: meta
+      key: { k: record.key }
+      columns: { src: string(record.headers.source), topic: record.topic, part: record.partition, off: record.offset, at: record.timestamp, raw: record.headers.source }
+`
+	pool, p := setup(t, yaml, `CREATE TABLE meta (k bytea PRIMARY KEY, src text, topic text, part integer, off bigint, at timestamptz, raw bytea)`)
+	r := rec(t, 41, "key-1", `{}`)
+	r.Partition = 3
+	r.Headers = []processor.Header{{Key: "source", Value: []byte("first")}, {Key: "source", Value: []byte("web")}}
+	b := processor.Batch{Topic: "orders", Partition: 3, Start: 41, Next: 42, Records: []processor.Record{r}}
+	if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error { return p.Process(context.Background(), tx, b) }); err != nil {
+		t.Fatal(err)
+	}
+	assertRows(t, pool, `SELECT convert_from(k, 'UTF8')||' '||src||' '||topic||' '||part||' '||off||' '||to_char(at AT TIME ZONE 'UTC', 'HH24:MI:SS')||' '||encode(raw, 'escape') FROM meta`,
+		"key-1 web orders 3 41 09:00:41 web")
+}
