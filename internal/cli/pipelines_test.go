@@ -3,8 +3,12 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +136,75 @@ func TestRunChecksThePipelineTablesAtStart(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "ratchet: config: pipelines[0].upsert.table: pipeline orders: table orders does not exist") {
 		t.Fatalf("stderr: %s", stderr)
+	}
+}
+
+// `ratchet dev --config examples/pipelines/dashboard.yaml` runs the
+// dashboard as a pipeline: the page charts its rollups and its pipelines
+// panel counts the records it wrote.
+func TestDevRunsTheDashboardPipelineExample(t *testing.T) {
+	dbURL := testenv.Postgres(t)
+	var out, errOut testenv.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- Run(ctx, []string{"dev", "--config", "../../examples/pipelines/dashboard.yaml", "-rate", "300", "-partitions", "3"}, []string{
+			"RATCHET_POSTGRES_URL=" + dbURL, "RATCHET_HTTP_ADDR=127.0.0.1:0", "RATCHET_COMMIT_INTERVAL=200ms",
+		}, &out, &errOut)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != ExitOK {
+				t.Errorf("dev exited %d; stderr tail: %s", code, tail(errOut.String()))
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("dev did not stop within 60s")
+		}
+	}()
+	re := regexp.MustCompile(`open (http://127\.0\.0\.1:\d+/)`)
+	var url string
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		m := re.FindStringSubmatch(out.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	}, "dev prints the page URL; stderr: %s", tail(errOut.String()))
+	type state struct {
+		Rollups []struct {
+			Count int64 `json:"count"`
+		} `json:"rollups"`
+		Pipelines []struct {
+			Name    string `json:"name"`
+			Written int64  `json:"written"`
+			Merged  int64  `json:"merged"`
+		} `json:"pipelines"`
+	}
+	var last string
+	ok := func() bool {
+		resp, err := http.Get(url + "api/state")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		last = string(body)
+		var s state
+		if json.Unmarshal(body, &s) != nil {
+			return false
+		}
+		var rolled int64
+		for _, r := range s.Rollups {
+			rolled += r.Count
+		}
+		return rolled > 0 && len(s.Pipelines) == 1 && s.Pipelines[0].Name == "dashboard" &&
+			s.Pipelines[0].Written > 0 && s.Pipelines[0].Merged > 0
+	}
+	for deadline := time.Now().Add(60 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the page does not show the dashboard pipeline's rollups and counts within 60s; /api/state tail: %s", last[max(0, len(last)-600):])
+		}
 	}
 }

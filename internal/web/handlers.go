@@ -59,9 +59,6 @@ func (s *Server) snapshot(ctx context.Context) (state, error) {
 		if pls, err = ps.Pipelines(ctx); err != nil {
 			return state{}, err
 		}
-		if pls == nil {
-			pls = []PipelineSummary{}
-		}
 	}
 	p.Partitions = slices.Clone(p.Partitions)
 	slices.SortStableFunc(p.Partitions, func(a, b PartitionStatus) int {

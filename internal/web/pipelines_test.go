@@ -58,3 +58,17 @@ func TestNoPipelinesPanelWithoutPipelines(t *testing.T) {
 		t.Errorf("pipelines is not null: %s", body)
 	}
 }
+
+// The engine's server reads its source through Starting: the panel must
+// come through once the source is served, and not before.
+func TestStartingForwardsPipelines(t *testing.T) {
+	st := NewStarting(Pipeline{Instance: "pod-0"}, "connecting")
+	h := newTestServer(t, st).Handler()
+	if body := do(t, h, http.MethodGet, "/api/state").body; !strings.Contains(body, `"pipelines":null`) {
+		t.Errorf("while starting, pipelines is not null: %s", body)
+	}
+	st.Serve(&pipelineSource{fakeSource: newFake(), pls: []PipelineSummary{{Name: "orders", Sink: "upsert", Written: 5}}})
+	if body := do(t, h, http.MethodGet, "/api/state").body; !strings.Contains(body, `"name":"orders"`) {
+		t.Errorf("after Serve, the pipelines are not shown: %s", body)
+	}
+}

@@ -69,6 +69,15 @@ func (s *Starting) DeadLetters(ctx context.Context) ([]DeadLetterSummary, error)
 	return nil, nil
 }
 
+// Pipelines implements PipelineSource; it answers nil (no panel) while
+// starting and when the Source served runs no configured pipelines.
+func (s *Starting) Pipelines(ctx context.Context) ([]PipelineSummary, error) {
+	if ps, ok := s.current().(PipelineSource); ok {
+		return ps.Pipelines(ctx)
+	}
+	return nil, nil
+}
+
 // Readiness implements Source: StateStarting with the reason of the last
 // Wait until Serve.
 func (s *Starting) Readiness() Readiness {

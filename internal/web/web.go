@@ -40,7 +40,8 @@ type DeadLetterSource interface {
 // pipelines; the page then shows a pipelines panel. Like the other Source
 // methods it must be safe for concurrent use and honour ctx.
 type PipelineSource interface {
-	// Pipelines returns every configured pipeline, in configuration order.
+	// Pipelines returns every configured pipeline, in configuration order;
+	// nil when there are none (no panel).
 	Pipelines(ctx context.Context) ([]PipelineSummary, error)
 }
 
