@@ -16,8 +16,9 @@
 //   - Check (schema.go) compares every pipeline with the database: the
 //     table and its columns exist and a unique constraint or primary key
 //     covers exactly the upsert key, or the rollup's group columns and
-//     bucket column. It also learns each column's type, which the writes
-//     cast their text values to.
+//     bucket column. It also learns each column's type, which decides how
+//     the writes send its values (wire.go: typed arrays for the common
+//     types, text cast in the statement for the others).
 //   - Processor (processor.go) applies a batch: for each record, in offset
 //     order, every pipeline of its topic evaluates its expressions; upsert
 //     rows collapse per key (the last offset wins, a tombstone may delete),
