@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"google.golang.org/protobuf/proto"
 
 	"ratchet/config"
 	"ratchet/engine"
@@ -306,6 +307,73 @@ func TestPipelinesFromConfiguration(t *testing.T) {
 		}
 		if !strings.Contains(e.headers["ratchet.error"], reason) {
 			t.Errorf("DLQ record %d@%d: ratchet.error = %q, want it to contain %q", e.partition, e.offset, e.headers["ratchet.error"], reason)
+		}
+	}
+}
+
+// TestEventPipelineTombstones: on a topic of ratchet.v1.Event (format
+// event), a tombstone is not poison: an upsert pipeline with on_tombstone
+// delete deletes its key, and nothing is dead-lettered.
+func TestEventPipelineTombstones(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 2, topic, topic+".dlq")
+	db := testenv.Postgres(t)
+	pool := openPool(t, db)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE latest (id text PRIMARY KEY, metric text, value double precision)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, addr, db, config.ModeExactlyOnce)
+	cfg.Pipelines = []config.Pipeline{{Name: "latest", Topic: topic, Format: config.PipelineEvent,
+		Upsert: &config.Upsert{Table: "latest", OnTombstone: config.TombstoneDelete,
+			Key:     []config.Column{{Name: "id", Expr: "string(record.key)"}},
+			Columns: []config.Column{{Name: "metric", Expr: "value.metric"}, {Name: "value", Expr: "value.value"}}}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	g := &gen{}
+	tp := topic
+	var msgs []*kafka.Message
+	want := map[string]bool{}
+	for i := range 200 {
+		id := fmt.Sprintf("k%d", i%30)
+		m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &tp, Partition: int32(i % 30 % 2)}, Key: []byte(id)}
+		if i%7 == 6 {
+			delete(want, id)
+		} else {
+			v, err := proto.Marshal(g.next())
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Value = v
+			want[id] = true
+		}
+		msgs = append(msgs, m)
+	}
+	produceMessages(t, addr, msgs)
+	start(t, cfg, nil, "")
+	waitAppliedToEnd(t, cluster, pool, cfg.Kafka.GroupID)
+	var ids []string
+	rows, err := pool.Query(context.Background(), `SELECT id FROM latest ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	var wantIDs []string
+	for id := range want {
+		wantIDs = append(wantIDs, id)
+	}
+	sort.Strings(wantIDs)
+	if strings.Join(ids, ",") != strings.Join(wantIDs, ",") || len(ids) == 0 || len(ids) == 30 {
+		t.Errorf("rows %v, want %v", ids, wantIDs)
+	}
+	for _, p := range cluster.PartitionInfos(topic + ".dlq") {
+		if p.HighWatermark != 0 {
+			t.Errorf("dead-letter partition %d holds %d records, want none", p.Partition, p.HighWatermark)
 		}
 	}
 }
