@@ -164,11 +164,14 @@ func (e *expr) fast(act interpreter.Activation) (ref.Val, bool) {
 
 // shortKey is the key path without the pipelines[i] prefix (the pipeline
 // is named next to it): upsert.columns.amount.
-func (e *expr) shortKey() string {
-	if _, rest, ok := strings.Cut(e.key, "]."); ok {
+func (e *expr) shortKey() string { return shortKey(e.key) }
+
+// shortKey drops the pipelines[i] prefix of a key path.
+func shortKey(key string) string {
+	if _, rest, ok := strings.Cut(key, "]."); ok {
 		return rest
 	}
-	return e.key
+	return key
 }
 
 // whereHolds evaluates a where expression: its result must be a bool.

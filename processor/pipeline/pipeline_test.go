@@ -274,3 +274,49 @@ pipelines:
 	assertRows(t, pool, `SELECT convert_from(k, 'UTF8')||' '||src||' '||topic||' '||part||' '||off||' '||to_char(at AT TIME ZONE 'UTC', 'HH24:MI:SS')||' '||encode(raw, 'escape') FROM meta`,
 		"key-1 web orders 3 41 09:00:41 web")
 }
+
+// Values are converted for their column's type in ratchet where it can:
+// what does not convert is a record error naming the pipeline and the
+// column, before any statement runs.
+func TestValuesThatDoNotFitTheirColumn(t *testing.T) {
+	const yaml = `
+kafka:
+  topics: [orders]
+pipelines:
+  - name: counts
+    topic: orders
+    format: json
+    upsert:
+      table: counts
+      key: { id: string(record.key) }
+      columns: { n: value.n }
+  - name: totals
+    topic: orders
+    format: json
+    rollup:
+      table: totals
+      time: record.timestamp
+      bucket: 1h
+      bucket_column: hour
+      aggregates: { total: sum(value.x) }
+`
+	pool, p := setup(t, yaml, `CREATE TABLE counts (id text PRIMARY KEY, n integer);
+CREATE TABLE totals (hour timestamptz PRIMARY KEY, total bigint);`)
+	ok := []processor.Record{rec(t, 0, "a", `{"n":"12","x":2}`), rec(t, 1, "b", `{"n":3.0,"x":3.0}`)}
+	if err := apply(t, pool, p, ok...); err != nil {
+		t.Fatal(err)
+	}
+	assertRows(t, pool, `SELECT id||' '||n FROM counts ORDER BY id`, "a 12", "b 3")
+	assertRows(t, pool, `SELECT total::text FROM totals`, "5")
+	for _, tc := range []struct{ value, want string }{
+		{`{"n":"twelve","x":1}`, `pipeline counts: record orders[0]@2: upsert.columns.n: the string "twelve" is not an integer for a integer column`},
+		{`{"n":1.5,"x":1}`, `pipeline counts: record orders[0]@2: upsert.columns.n: the double 1.5 is not an integer`},
+		{`{"n":1,"x":2.5}`, `pipeline totals: rollup.aggregates.total: 2.5 is not an integer for a bigint column`},
+		{`{"n":1e10,"x":1}`, `pipeline counts: upsert 1 rows of counts`}, // int8 → integer: PostgreSQL refuses the range
+	} {
+		err := apply(t, pool, p, rec(t, 2, "c", tc.value))
+		if !store.IsRecordError(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want a record error containing %q", tc.value, err, tc.want)
+		}
+	}
+}

@@ -22,7 +22,7 @@ const Name = "pipelines"
 // Counters receive what the pipelines did, per pipeline name. Records are
 // counted once their batch's transaction was handed its writes: a batch
 // that is tried again counts again (the counters are a rate, not a
-// ledger). Nil methods are not called: use NopCounters to count nothing.
+// ledger). Use NopCounters to count nothing.
 type Counters interface {
 	// Records counts records by result: "written" (accepted by the
 	// pipeline), "filtered" (where was false) or "ignored" (a tombstone the
@@ -472,7 +472,7 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 			}
 			v, err := k.numberValue(num, typ)
 			if err != nil {
-				return processor.Permanent(&RecordError{Pipeline: pl.name, Err: fmt.Errorf("%s: %w", a.key[strings.Index(a.key, "]")+2:], err)})
+				return processor.Permanent(&RecordError{Pipeline: pl.name, Err: fmt.Errorf("%s: %w", shortKey(a.key), err)})
 			}
 			vals[j] = v
 		}
