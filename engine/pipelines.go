@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -14,8 +13,10 @@ import (
 )
 
 // errPipelinesAndProcessor refuses a run given both configured pipelines
-// and a processor of its own: which one applies would be a guess.
-var errPipelinesAndProcessor = errors.New("pipelines are configured and a processor was given too: use one or the other")
+// and a processor or decoder of its own (engine.Options): which one
+// applies would be a guess. A configuration error: exit code 2.
+var errPipelinesAndProcessor = &config.Error{Problems: []config.Problem{{Key: "pipelines",
+	Reason: "configured, and this program brings a processor or decoder of its own: use one or the other"}}}
 
 // compilePipelines compiles cfg's pipelines (nil when there are none).
 // Problems are a *config.Error (exit code 2).
