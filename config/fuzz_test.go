@@ -13,6 +13,8 @@ import (
 // fuzzYAMLSeeds are configuration files, good and bad, besides the corpus
 // in testdata/fuzz/FuzzLoadYAML.
 var fuzzYAMLSeeds = []string{
+	"kafka:\n  topics: [orders]\npipelines:\n  - name: orders\n    topic: orders\n    format: json\n    where: value.x\n    upsert: {table: t, key: {id: string(record.key)}, columns: {a: value.a}, on_tombstone: delete}\n  - name: r\n    topic: orders\n    format: json\n    rollup: {table: s.r, time: value.ts, bucket: 1m, bucket_column: m, group_by: {c: value.c}, aggregates: {n: count}}\n",
+	"pipelines: [x, {name: 1}, {upsert: [1]}, {rollup: {bucket: x, group_by: 3}}]\n",
 	"",
 	"kafka:\n",
 	"kafka:\n  brokers: [a:9092, b:9092]\n  topics: events\n",
