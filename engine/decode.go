@@ -60,10 +60,13 @@ func checkFormats(cfg config.Config, opts Options) error {
 	return nil
 }
 
-// newDecoders returns the partition decoder factory: the custom decoder of
-// opts when set; otherwise per topic raw, the event formats, or, with
-// schema_registry.url, the event formats in the registry's wire format.
-// Every decoder counts what it decodes in ratchet_decoded_records_total.
+// newDecoders returns the partition decoder factory: for a topic read by
+// configured pipelines, their format (json: any document; avro and
+// protobuf: any schema from the registry; event: as below, tombstones let
+// through); otherwise the custom decoder of opts when set, or per topic
+// raw, the event formats, or, with schema_registry.url, the event formats
+// in the registry's wire format. Every decoder counts what it decodes in
+// ratchet_decoded_records_total.
 func newDecoders(cfg config.Config, opts Options, pipelines *pipeline.Set, m *metrics.Metrics) (func(topic string) actors.ValueDecoder, error) {
 	var reg *schemareg.Registry
 	if cfg.SchemaRegistry.URL != "" && opts.Decoder == nil {
