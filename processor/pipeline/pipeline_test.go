@@ -320,3 +320,47 @@ CREATE TABLE totals (hour timestamptz PRIMARY KEY, total bigint);`)
 		}
 	}
 }
+
+// Check names every problem of a table that exists: a bucket column that
+// is not timestamptz, a unique index that is partial (ON CONFLICT cannot
+// use it), a missing column.
+func TestCheckReportsEveryProblem(t *testing.T) {
+	cfg, err := loadConfig(t, ordersYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := pipeline.Compile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `
+CREATE TABLE orders (order_id text, customer text, updated_at timestamptz);
+CREATE UNIQUE INDEX ON orders (order_id) WHERE customer IS NOT NULL;
+CREATE TABLE revenue_per_minute (country text, minute timestamp, orders bigint, revenue float8, biggest float8, smallest float8,
+  PRIMARY KEY (country, minute));`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pipeline.Check(ctx, pool, set)
+	var se *pipeline.SchemaError
+	if !errors.As(err, &se) || !config.IsConfigError(err) || len(se.CreateTables) != 0 {
+		t.Fatalf("err = %v, want a *SchemaError (a configuration error) without CREATE TABLE", err)
+	}
+	for _, want := range []string{
+		"pipelines[0].upsert.columns.amount: pipeline orders: table orders has no column amount",
+		"pipelines[0].upsert.key: pipeline orders: no unique constraint or primary key of orders covers exactly the upsert key (order_id)",
+		"pipelines[1].rollup.bucket_column: pipeline revenue_per_minute: column minute of revenue_per_minute is timestamp without time zone, not timestamptz",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("problems lack %q:\n%s", want, err)
+		}
+	}
+	if n := len(se.Problems.Problems); n != 3 {
+		t.Errorf("%d problems, want 3:\n%s", n, err)
+	}
+}
