@@ -122,8 +122,8 @@ func run(ctx context.Context) error {
 	flag.StringVar(&o.scaleParts, "scale-partitions", "12,256,1024", "partition counts of the drains (g), the first the baseline, the last also for peak RSS and idle CPU")
 	flag.BoolVar(&o.onlyScale, "only-scale", false, "run the partition-count section alone (to develop it; the table then has its rows only)")
 	flag.BoolVar(&o.onlyExecMode, "only-exec-mode", false, "run the query exec mode section (h) alone on a -events backlog (the table then has its rows only)")
-	flag.BoolVar(&o.onlyPipelines, "only-pipelines", false, "run the configured-pipelines section (i) alone on a -events backlog (the table then has its rows only)")
-	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (i)")
+	flag.BoolVar(&o.onlyPipelines, "only-pipelines", false, "run the configured-pipelines section (j) alone on a -events backlog (the table then has its rows only)")
+	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (j)")
 	flag.Parse()
 	if o.command == "" {
 		o.command = fmt.Sprint(os.Args)
