@@ -585,6 +585,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		p.rewind(c)
 		return
 	}
+	p.log().Debug("batch applied", "offset", msg.start, "next_offset", msg.next, "gen", p.cfg.Gen)
 	p.state.next = msg.next
 	clear(p.state.panics)
 	p.cfg.Progress.Next.Store(msg.next)

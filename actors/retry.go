@@ -161,6 +161,17 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			r.observe(b, began)
 			return nil
 		}
+		if r.cfg.Claim == nil && store.IsCommitUnknown(err) {
+			// At-least-once: the COMMIT went unanswered and may have
+			// taken effect; nothing can tell, so applying the batch again,
+			// here or by the next owner, may count it twice. Say so, as a
+			// member that gives up a commit does (abandon), so every
+			// replay is announced; also when this actor is ending.
+			n := len(b.Records)
+			r.cfg.Metrics.UncommittedRecords.WithLabelValues(b.Topic).Add(float64(n))
+			r.cfg.Logger.Error("batch commit unanswered; applying it again may count it twice",
+				"actor", "retry", "topic", b.Topic, "partition", b.Partition, "offset", b.Start, "replay", n, "err", err)
+		}
 		if r.ctx.Err() != nil {
 			return r.ctx.Err()
 		}
@@ -195,16 +206,6 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			r.cfg.Metrics.Retries.WithLabelValues("transient").Inc()
 			r.cfg.Logger.Warn("transient failure, retrying", "actor", "retry", "topic", b.Topic,
 				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
-			if r.cfg.Claim == nil && store.IsCommitUnknown(err) {
-				// At-least-once: the COMMIT went unanswered and may have
-				// taken effect; nothing can tell, so applying the batch
-				// again may count it twice. Say so, as a member that gives
-				// up a commit does (abandon), so every replay is announced.
-				n := len(b.Records)
-				r.cfg.Metrics.UncommittedRecords.WithLabelValues(b.Topic).Add(float64(n))
-				r.cfg.Logger.Error("batch commit unanswered; applying it again may count it twice",
-					"actor", "retry", "topic", b.Topic, "partition", b.Partition, "offset", b.Start, "replay", n, "err", err)
-			}
 		case store.IsPreparedStatementError(err):
 			// Configuration (a pooler and named prepared statements), not
 			// the data: never isolated or dead-lettered. Retried like an

@@ -263,6 +263,15 @@ func explore(t *testing.T, bin string, s chaos.Schedule) {
 	}
 }
 
+// logLevel is the members' log level: info, or CHAOS_LOG_LEVEL (debug
+// logs every applied batch, to account for a replay offset by offset).
+func logLevel() string {
+	if l := os.Getenv("CHAOS_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
+}
+
 // env is the environment of member m's process.
 func (r *run) env(m *member) []string {
 	proxied := strings.Replace(r.dbURL, "127.0.0.1:5432", r.proxy.Addr(), 1)
@@ -272,7 +281,7 @@ func (r *run) env(m *member) []string {
 		"RATCHET_KAFKA_BROKERS=" + r.addr, "RATCHET_POSTGRES_URL=" + proxied,
 		"RATCHET_COMMIT_MODE=" + r.s.Mode, "RATCHET_COMMIT_INTERVAL=" + commitInterval.String(),
 		"RATCHET_SHUTDOWN_TIMEOUT=" + r.s.ShutdownTimeout.String(), "RATCHET_RETRY_MAX_BACKOFF=2s",
-		"RATCHET_KAFKA_PROPERTIES=" + props, "RATCHET_LOG_LEVEL=info", "RATCHET_KAFKA_INSTANCE_ID=",
+		"RATCHET_KAFKA_PROPERTIES=" + props, "RATCHET_LOG_LEVEL=" + logLevel(), "RATCHET_KAFKA_INSTANCE_ID=",
 	}
 	if m.static {
 		env = append(env, fmt.Sprintf("RATCHET_KAFKA_INSTANCE_ID=m%d", m.idx))
