@@ -62,16 +62,6 @@ func (s *Supervisor) begin(tp TopicPartition, st startOffset) bool {
 	return true
 }
 
-// startAt is the position to assign or seek a partition to: its start
-// offset, or the committed offset (else auto.offset.reset) when none is
-// known.
-func startAt(start int64) kafka.Offset {
-	if start >= 0 {
-		return kafka.Offset(start)
-	}
-	return kafka.OffsetStored
-}
-
 // unclaim records that tp could not be started and schedules a retry.
 func (s *Supervisor) unclaim(tp TopicPartition, err error) {
 	u, ok := s.unclaimed[tp]
@@ -115,16 +105,7 @@ func (s *Supervisor) retryClaims() {
 		if !s.begin(tp, st) {
 			continue
 		}
-		pos := startAt(st.start)
-		if st.start < 0 {
-			// Kafka answered that the group has no committed offset (a
-			// failed lookup never gets here: startOffsets gives it an
-			// error and the partition stays held).
-			pos = kafka.OffsetBeginning
-			if s.cfg.AutoOffsetReset == "latest" {
-				pos = kafka.OffsetEnd
-			}
-		}
+		pos := kafka.Offset(st.start) // always an offset: startOffsets resolved auto.offset.reset
 		res, err := s.consumer.SeekPartitions([]kafka.TopicPartition{ktp(tp, pos)})
 		if err == nil && len(res) == 1 && res[0].Error != nil {
 			err = res[0].Error

@@ -84,7 +84,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 			held = append(held, ktp(tp, kafka.OffsetInvalid))
 			continue
 		}
-		list = append(list, ktp(tp, startAt(st.start)))
+		list = append(list, ktp(tp, kafka.Offset(st.start))) // an offset: librdkafka looks nothing up
 		s.cfg.Logger.Info("partition assigned", "topic", tp.Topic, "partition", tp.Partition,
 			"offset", st.start, "epoch", claimEpoch(st.claim))
 	}
@@ -117,7 +117,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 const heldAt = kafka.Offset(0)
 
 type startOffset struct {
-	start     int64
+	start     int64 // where the partition starts: always an offset
 	committed int64 // Kafka's committed offset; -1 none
 	claim     *store.Claim
 	err       error
@@ -156,7 +156,7 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 			tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 			applied, lost := s.lostApplied[tp]
 			delete(s.lostApplied, tp)
-			pos := resumeAtLeastOnce(committed[i], applied, lost, low, high)
+			pos := resumeAtLeastOnce(committed[i], applied, lost, low, high, s.cfg.AutoOffsetReset)
 			if pos.Resumed {
 				s.cfg.Logger.Info("partition came back after its assignment was lost; resuming after what this instance applied",
 					"topic", tp.Topic, "partition", tp.Partition, "offset", pos.Start, "kafka_committed", committed[i])

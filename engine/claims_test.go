@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -319,4 +320,49 @@ func TestExactlyOnceStartPosition(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNoCommittedOffsetNeedsNoSecondLookup: at-least-once, the group has no
+// committed offset and Kafka says so at the assignment; every later
+// committed-offset lookup (OffsetFetch) fails, as while the group
+// coordinator moves. The partition starts at once at the log start that
+// auto_offset_reset earliest names, read with the answer it already has:
+// all records applied once. Before, it was assigned at "the committed
+// offset", which librdkafka looked up again itself, and nothing was
+// applied while that lookup failed.
+func TestNoCommittedOffsetNeedsNoSecondLookup(t *testing.T) {
+	const end = 60
+	cluster, addr := testenv.Kafka(t, 1, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	produceEvents(t, addr, end)
+	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	// The first lookup after the group's SyncGroup (the engine's, at the
+	// assignment) answers; those after it fail.
+	var synced atomic.Bool
+	var first atomic.Pointer[kmsg.OffsetFetchRequest]
+	cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.SyncGroup}, Observe: true, Count: -1,
+		When: func(kmsg.Request) bool { synced.Store(true); return true }})
+	fetch := cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Group: cfg.Kafka.GroupID, Count: -1,
+		When: func(req kmsg.Request) bool { // may be asked more than once for one request
+			if !synced.Load() {
+				return false
+			}
+			r := req.(*kmsg.OffsetFetchRequest)
+			return !first.CompareAndSwap(nil, r) && first.Load() != r
+		}})
+	logs := &testenv.Buffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("engine log:\n%s", logs.String())
+		}
+	})
+	r := runWithLogs(t, cfg, ledger{"a"}, prometheus.NewRegistry(), logs)
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(t, pool, `SELECT count(*) FROM test_ledger`) >= end },
+		"the records applied while later committed-offset lookups fail")
+	fetch.Remove()
+	assertAppliedFrom(t, pool, 0, end)
+	r.Stop(t)
+	assertCommittedAtEnd(t, cluster, cfg.Kafka.GroupID)
 }
