@@ -184,6 +184,10 @@ type run struct {
 	// may still commit after it died, once a lock it waits on is gone).
 	silentLosses int
 	silentBound  int64
+	// preparing is when the group last entered its join phase
+	// (PreparingRebalance) at preparingGen; zero while it is not in it.
+	preparing    time.Time
+	preparingGen int32
 }
 
 func (r *run) note(format string, args ...any) {
@@ -272,11 +276,16 @@ func logLevel() string {
 	return "info"
 }
 
+// rebalanceTimeout is the members' max.poll.interval.ms, which librdkafka
+// sends as the rebalance timeout: the longest a group may stay in its join
+// phase on Apache Kafka.
+const rebalanceTimeout = 20 * time.Second
+
 // env is the environment of member m's process.
 func (r *run) env(m *member) []string {
 	proxied := strings.Replace(r.dbURL, "127.0.0.1:5432", r.proxy.Addr(), 1)
-	props := fmt.Sprintf("session.timeout.ms=%d,heartbeat.interval.ms=500,max.poll.interval.ms=20000,client.id=m%d-%d",
-		r.s.SessionTimeout.Milliseconds(), m.idx, m.incarnation)
+	props := fmt.Sprintf("session.timeout.ms=%d,heartbeat.interval.ms=500,max.poll.interval.ms=%d,client.id=m%d-%d",
+		r.s.SessionTimeout.Milliseconds(), rebalanceTimeout.Milliseconds(), m.idx, m.incarnation)
 	env := []string{
 		"RATCHET_KAFKA_BROKERS=" + r.addr, "RATCHET_POSTGRES_URL=" + proxied,
 		"RATCHET_COMMIT_MODE=" + r.s.Mode, "RATCHET_COMMIT_INTERVAL=" + commitInterval.String(),
@@ -513,6 +522,14 @@ func (r *run) watchCommits(stop <-chan struct{}) {
 		if info == nil {
 			continue
 		}
+		r.mu.Lock()
+		switch {
+		case info.State != "PreparingRebalance":
+			r.preparing = time.Time{}
+		case r.preparing.IsZero() || r.preparingGen != info.Epoch:
+			r.preparing, r.preparingGen = time.Now(), info.Epoch
+		}
+		r.mu.Unlock()
 		for p, c := range info.Commits[topic] {
 			if prev, ok := last[p]; ok && c.Offset < prev {
 				r.mu.Lock()
@@ -793,9 +810,19 @@ func (r *run) diagnoseStall(bound time.Duration) {
 	if info != nil {
 		state = fmt.Sprintf("%s, generation %d", info.State, info.Epoch)
 	}
+	r.mu.Lock()
+	preparing := time.Time{}
+	if info != nil && info.State == "PreparingRebalance" && r.preparingGen == info.Epoch {
+		preparing = r.preparing
+	}
+	r.mu.Unlock()
 	verdict := "engine failure"
-	if len(dropped) > 0 {
+	switch {
+	case len(dropped) > 0:
 		verdict = fmt.Sprintf("broker deviation: the test broker dropped %v while they waited in JoinGroup and never answered them; Apache Kafka keeps members that wait in a join alive (docs/testing.md, TestBrokerDropsMembersWaitingInJoin)", dropped)
+	case !preparing.IsZero() && time.Since(preparing) > rebalanceTimeout+5*time.Second:
+		verdict = fmt.Sprintf("broker deviation: the group has been in its join phase for %s, since %s, past the %s rebalance timeout by which Apache Kafka ends it whatever the members do (docs/testing.md)",
+			time.Since(preparing).Round(time.Second), preparing.Sub(r.start).Round(time.Millisecond), rebalanceTimeout)
 	}
 	r.violate("liveness: %d good records not applied %s after the last fault; group %s; broker's members %v; live processes %v; %s",
 		missing, bound, state, members, alive, verdict)
