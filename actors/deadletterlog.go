@@ -182,8 +182,9 @@ func (l *DeadLetterLog) Run(ctx context.Context) {
 }
 
 // Close writes every summary still counted, due or not, and makes later
-// letters be written in full: the stop calls it once the partitions and
-// the DLQ stopped, so the log holds every count.
+// letters be written in full: the stop calls it once the partitions
+// stopped, so the log holds every count. Calling it again writes nothing
+// new.
 func (l *DeadLetterLog) Close() {
 	if l == nil {
 		return

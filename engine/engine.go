@@ -273,9 +273,11 @@ func (e *engine) run(ctx context.Context) error {
 			return err
 		}
 	}
-	// The dead-letter log's last summaries are written once the DLQ actor
-	// stopped (the defer below runs after the DLQ's): every dead letter
-	// counted is in the log.
+	// The dead-letter log's last summaries are written once the
+	// supervisor stopped its partitions (below, before "engine stopped"),
+	// or, when the start ends early, by this defer: every dead letter
+	// counted is in the log. A letter of a partition that outlives the
+	// stop is logged in full (Close).
 	deadLetterLog := actors.NewDeadLetterLog(actors.DeadLetterLogConfig{Mode: cfg.Log.DeadLetters,
 		Interval: cfg.Log.DeadLetterInterval, Logger: e.log, Clock: e.opts.Clock})
 	defer deadLetterLog.Close()
@@ -369,6 +371,7 @@ func (e *engine) run(ctx context.Context) error {
 			all = append(all, err)
 		}
 	}
+	deadLetterLog.Close()
 	e.log.Info("engine stopped")
 	return errors.Join(all...)
 }
