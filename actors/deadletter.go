@@ -61,11 +61,10 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, letters []Letter
 	for i := range letters {
 		letters[i].FailedAt = now
 		l := letters[i]
-		cfg.Logger.Warn("dead letter", "actor", "retry", "topic", l.Record.Topic, "partition", l.Record.Partition,
-			"offset", l.Record.Offset, "attempts", l.Attempts, "reason", l.Reason.Error())
 		rows = append(rows, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
 			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt})
 	}
+	cfg.DeadLetterLog.Record(cfg.Logger, letters)
 	w := &dlqWait{done: make(chan struct{})}
 	go func() { // ends when the DLQ answered or ctx ended
 		defer close(w.done)

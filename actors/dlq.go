@@ -29,6 +29,12 @@ type Letter struct {
 	Attempts int
 	FailedAt time.Time
 	DLQTopic string // filled in by the DLQ actor
+	// batchStart is the first offset of the batch the record was cut or
+	// isolated from: log lines about the letter name its batch with it.
+	batchStart int64
+	// decoding says the record was refused by the decoder when its batch
+	// was cut, not by the processor or the database.
+	decoding bool
 }
 
 // DLQConfig configures the DLQ actor.
@@ -257,9 +263,9 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 func (d *DLQ) retryLater(c actor.Context, item *dlqItem, err error) {
 	l := item.req.letters[item.idx]
 	wait := d.cfg.Backoff.Backoff(min(item.attempts, 20))
-	d.cfg.Logger.Warn("dead-letter write failed; retrying", "actor", "dlq", "topic", l.Record.Topic,
-		"partition", l.Record.Partition, "offset", l.Record.Offset, "dlq_topic", l.DLQTopic,
-		"attempt", item.attempts, "wait", wait.String(), "err", err)
+	d.cfg.Logger.Warn("dead-letter write failed; retrying", batchFields(l.Record.Topic, l.Record.Partition, l.batchStart,
+		"actor", "dlq", "offset", l.Record.Offset, "dlq_topic", l.DLQTopic,
+		"attempt", item.attempts, "wait", wait.String(), "err", err)...)
 	self, root := c.Self(), c.ActorSystem().Root
 	time.AfterFunc(wait, func() { root.Send(self, &reproduce{item: item}) })
 }

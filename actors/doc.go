@@ -139,7 +139,9 @@
 // A record goes to the dead-letter topic from two places: the partition
 // when a value does not decode (step 3) and the retry actor when isolation
 // pins a batch's failure on it (step 5). Both call sendDeadLetters (deadletter.go, with the rest of the plumbing), which
-// logs the letter, runs DLQClient.DeadLetter on a goroutine and hands back
+// logs the letter through the instance's DeadLetterLog (deadletterlog.go:
+// the first of a topic and reason class in full, then a summary per
+// interval), runs DLQClient.DeadLetter on a goroutine and hands back
 // a dlqWait to wait on plus the rows that record the letters in
 // ratchet_dead_letters in the next transaction. DLQClient asks the DLQ
 // actor with a RequestFuture (bounded by DefaultDLQTimeout, cancelled with

@@ -58,6 +58,9 @@ type PartitionConfig struct {
 	// ResetWatch, in exactly-once mode, tells the actor when its stored
 	// position moved while it is idle (resetwatch.go); nil: off.
 	ResetWatch *ResetWatch
+	// DeadLetterLog writes the log lines about this partition's dead
+	// letters (shared by the instance's partitions); nil: a line each.
+	DeadLetterLog *DeadLetterLog
 }
 
 // partitionState is what a partition actor keeps across supervised
@@ -182,6 +185,12 @@ func NewPartition(cfg *PartitionConfig) actor.Producer {
 
 func (p *Partition) log() *slog.Logger {
 	return p.cfg.Logger.With("actor", "partition", "topic", p.cfg.TP.Topic, "partition", p.cfg.TP.Partition)
+}
+
+// batchLog is log for the lines about the batch starting at first (see
+// batchFields).
+func (p *Partition) batchLog(first int64) *slog.Logger {
+	return p.cfg.Logger.With(batchFields(p.cfg.TP.Topic, p.cfg.TP.Partition, first, "actor", "partition")...)
 }
 
 // Receive implements actor.Actor.
@@ -470,7 +479,7 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 			continue // in the batch's offsets, not in its records
 		}
 		if e.poison != nil {
-			letters = append(letters, Letter{Record: e.rec, Reason: e.poison, Attempts: 1})
+			letters = append(letters, Letter{Record: e.rec, Reason: e.poison, Attempts: 1, batchStart: start, decoding: true})
 			continue
 		}
 		msg.batch.Records = append(msg.batch.Records, e.rec)
@@ -529,7 +538,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			// waiting on this batch is answered by Restarting.
 			panic(pe)
 		}
-		p.log().Warn("batch keeps panicking; isolating the record", "offset", msg.start,
+		p.batchLog(msg.start).Warn("batch keeps panicking; isolating the record", "offset", msg.start,
 			"panics", p.state.panics[msg.start])
 		again := *p.inFlight // its dead letters, if any, are already written
 		again.isolatePanics = true
@@ -546,7 +555,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			// says. The store is the truth: move the watermark there and
 			// read from it again.
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
-			p.log().Warn("batch refused by the offset guard; resuming from the stored offset", "offset", msg.start,
+			p.batchLog(msg.start).Warn("batch refused by the offset guard; resuming from the stored offset", "offset", msg.start,
 				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err)
 			p.state.next = conflict.StoredNext
 			p.cfg.Progress.Next.Store(conflict.StoredNext)
@@ -560,7 +569,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			// to its owner.
 			p.state.fenced = true
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
-			p.log().Error("batch refused by the offset guard; partition stopped", "offset", msg.start,
+			p.batchLog(msg.start).Error("batch refused by the offset guard; partition stopped", "offset", msg.start,
 				"epoch", p.epoch(), "err", msg.err)
 			p.release(len(p.queue), p.queueBytes)
 			p.queue, p.queueBytes = nil, 0
@@ -580,7 +589,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		// record). Its records and those queued after it are still
 		// unapplied: read them again from the watermark, never cut the next
 		// batch past them.
-		p.log().Warn("batch abandoned; reading it again from the watermark", "offset", msg.start,
+		p.batchLog(msg.start).Warn("batch abandoned; reading it again from the watermark", "offset", msg.start,
 			"err", msg.err)
 		p.rewind(c)
 		return

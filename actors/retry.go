@@ -101,6 +101,10 @@ type retry struct {
 	// started when the partition cut the batch; no transaction of the
 	// batch begins before it is done. nil when there is none.
 	inFlight *dlqWait
+	// first is the first offset of the batch being applied: the halves
+	// of its isolation keep it in their log lines, so every line about
+	// the batch carries the same first_offset.
+	first int64
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -119,6 +123,7 @@ func (r *retry) Receive(c actor.Context) {
 }
 
 func (r *retry) run(msg *applyBatch) error {
+	r.first = msg.batch.Start
 	r.unrecorded = append(r.unrecorded[:0], msg.dead...)
 	// The delivery started when the batch was cut, usually while the batch
 	// before it was applied; safeApply waits for it before each attempt.
@@ -169,8 +174,8 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			// replay is announced; also when this actor is ending.
 			n := len(b.Records)
 			r.cfg.Metrics.UncommittedRecords.WithLabelValues(b.Topic).Add(float64(n))
-			r.cfg.Logger.Error("batch commit unanswered; applying it again may count it twice",
-				"actor", "retry", "topic", b.Topic, "partition", b.Partition, "offset", b.Start, "replay", n, "err", err)
+			r.cfg.Logger.Error("batch commit unanswered; applying it again may count it twice", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "replay", n, "err", err)...)
 		}
 		if r.ctx.Err() != nil {
 			return r.ctx.Err()
@@ -185,8 +190,8 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 				// An earlier attempt committed, but its answer was lost
 				// (the connection dropped during COMMIT): the store already
 				// holds exactly this batch, under our own epoch.
-				r.cfg.Logger.Info("batch was committed by an earlier attempt", "actor", "retry", "topic", b.Topic,
-					"partition", b.Partition, "offset", b.Start, "epoch", conflict.Epoch)
+				r.cfg.Logger.Info("batch was committed by an earlier attempt", batchFields(b.Topic, b.Partition, r.first,
+					"actor", "retry", "offset", b.Start, "epoch", conflict.Epoch)...)
 				r.unrecorded = r.unrecorded[:0]
 				r.observe(b, began)
 				return nil
@@ -204,8 +209,8 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			}
 			r.cfg.Progress.Retries.Add(1)
 			r.cfg.Metrics.Retries.WithLabelValues("transient").Inc()
-			r.cfg.Logger.Warn("transient failure, retrying", "actor", "retry", "topic", b.Topic,
-				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
+			r.cfg.Logger.Warn("transient failure, retrying", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", err)...)
 		case store.IsPreparedStatementError(err):
 			// Configuration (a pooler and named prepared statements), not
 			// the data: never isolated or dead-lettered. Retried like an
@@ -216,16 +221,16 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			}
 			r.cfg.Progress.Retries.Add(1)
 			r.cfg.Metrics.Retries.WithLabelValues("config").Inc()
-			r.cfg.Logger.Error("batch refused by configuration, retrying", "actor", "retry", "topic", b.Topic,
-				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", store.Explain(err))
+			r.cfg.Logger.Error("batch refused by configuration, retrying", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", store.Explain(err))...)
 		case store.IsRecordError(err) || attempt+1 >= attempts:
 			r.cfg.Metrics.Retries.WithLabelValues("record").Inc()
 			return r.isolate(b, err, attempt+1)
 		default:
 			r.cfg.Metrics.Retries.WithLabelValues("unclassified").Inc()
 			r.cfg.Progress.Retries.Add(1)
-			r.cfg.Logger.Warn("batch failed, retrying", "actor", "retry", "topic", b.Topic,
-				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
+			r.cfg.Logger.Warn("batch failed, retrying", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", err)...)
 		}
 		if err := sleep(r.ctx, r.cfg.Retry.Backoff(attempt)); err != nil {
 			return err
@@ -247,7 +252,7 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 		if !store.IsRecordError(cause) && attempts < r.cfg.Retry.MaxAttempts {
 			return r.apply(b, r.cfg.Retry.MaxAttempts)
 		}
-		if err := r.deadLetter(Letter{Record: b.Records[0], Reason: cause, Attempts: attempts}); err != nil {
+		if err := r.deadLetter(Letter{Record: b.Records[0], Reason: cause, Attempts: attempts, batchStart: r.first}); err != nil {
 			return err
 		}
 		b.Records = nil

@@ -81,6 +81,9 @@ type SupervisorConfig struct {
 	// ResetWatch, in exactly-once mode, brings an offsets reset to an idle
 	// partition (resetwatch.go); nil: off.
 	ResetWatch *ResetWatch
+	// DeadLetterLog writes the log lines about dead letters for every
+	// partition; nil: a line each.
+	DeadLetterLog *DeadLetterLog
 }
 
 // Supervisor owns the Kafka consumer and its poll loop, and is the parent of

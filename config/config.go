@@ -199,7 +199,23 @@ type SchemaRegistry struct {
 type Log struct {
 	Level  string // log.level: debug, info, warn or error
 	Format string // log.format: json or text
+	// DeadLetters (log.dead_letters) is how dead letters are logged:
+	// DeadLettersEach (a line per record), DeadLettersSummary (the first of
+	// a topic and reason in full, then a count per DeadLetterInterval) or
+	// DeadLettersOff. The DLQ record and the metrics keep every detail
+	// whatever it says.
+	DeadLetters string
+	// DeadLetterInterval (log.dead_letter_interval) is the shortest time
+	// between two summary lines of one topic and reason.
+	DeadLetterInterval time.Duration
 }
+
+// Dead-letter logging modes (log.dead_letters).
+const (
+	DeadLettersEach    = "each"
+	DeadLettersSummary = "summary"
+	DeadLettersOff     = "off"
+)
 
 // Default returns the configuration with every default of DESIGN.md. Each
 // call returns fresh maps and slices.
@@ -227,7 +243,8 @@ func Default() Config {
 		HTTP:        HTTP{Addr: "127.0.0.1:8080"},
 		Shutdown:    Shutdown{Timeout: 30 * time.Second},
 		Startup:     Startup{Timeout: 5 * time.Minute},
-		Log:         Log{Level: "info", Format: "json"},
+		Log: Log{Level: "info", Format: "json", DeadLetters: DeadLettersSummary,
+			DeadLetterInterval: 30 * time.Second},
 	}
 }
 

@@ -53,6 +53,9 @@ type Options struct {
 	// message types): it gets the raw value and sets Record.Decoded. A value
 	// it refuses goes to the dead-letter topic with its error as the reason.
 	Decoder processor.Decoder
+	// Clock times the dead-letter log's summaries; nil means the real
+	// time (tests move one by hand).
+	Clock actors.Clock
 }
 
 // Run runs the engine until ctx is done and returns nil after a clean stop.
@@ -270,6 +273,15 @@ func (e *engine) run(ctx context.Context) error {
 			return err
 		}
 	}
+	// The dead-letter log's last summaries are written once the
+	// supervisor stopped its partitions (below, before "engine stopped"),
+	// or, when the start ends early, by this defer: every dead letter
+	// counted is in the log. A letter of a partition that outlives the
+	// stop is logged in full (Close).
+	deadLetterLog := actors.NewDeadLetterLog(actors.DeadLetterLogConfig{Mode: cfg.Log.DeadLetters,
+		Interval: cfg.Log.DeadLetterInterval, Logger: e.log, Clock: e.opts.Clock})
+	defer deadLetterLog.Close()
+	wg.Go(func() { deadLetterLog.Run(httpCtx) }) // ends with the HTTP server, after the supervisor stopped
 	dlq, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewDLQ(actors.DLQConfig{
 		Producer: producer, Topic: cfg.Kafka.DLQTopic, Logger: e.log, FlushBy: flushBy,
 		Backoff: actors.RetryPolicy{InitialBackoff: cfg.Retry.InitialBackoff, MaxBackoff: cfg.Retry.MaxBackoff},
@@ -340,6 +352,7 @@ func (e *engine) run(ctx context.Context) error {
 		Metrics:          e.m,
 		Logger:           e.log,
 		ResetWatch:       resetWatch,
+		DeadLetterLog:    deadLetterLog,
 	})
 
 	// From here the page and the probes read the running engine.
@@ -358,6 +371,7 @@ func (e *engine) run(ctx context.Context) error {
 			all = append(all, err)
 		}
 	}
+	deadLetterLog.Close()
 	e.log.Info("engine stopped")
 	return errors.Join(all...)
 }

@@ -154,7 +154,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (Stats, error) {
 	logsDone := make(chan struct{})
 	go func() {
 		defer close(logsDone)
-		forwardLogs(p.Logs(), log)
+		kafkaclient.ForwardLogs(p.Logs(), log.With("client", "producer"))
 	}()
 
 	// The delivery goroutine owns stats and firstErr until reports is
@@ -316,18 +316,4 @@ func finish(ctx context.Context, p *kafka.Producer) int {
 		p.Flush(1000)
 	}
 	return left
-}
-
-// forwardLogs writes librdkafka's log lines to log until ch is closed.
-func forwardLogs(ch chan kafka.LogEvent, log *slog.Logger) {
-	for ev := range ch {
-		level := slog.LevelDebug
-		switch {
-		case ev.Level <= 4: // emerg … warning; connection failures land here
-			level = slog.LevelWarn
-		case ev.Level == 5: // notice
-			level = slog.LevelInfo
-		}
-		log.Log(context.Background(), level, "librdkafka", "client", "producer", "tag", ev.Tag, "message", ev.Message)
-	}
 }
