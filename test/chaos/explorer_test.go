@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -495,6 +496,9 @@ func (r *run) inject(f chaos.Fault) {
 		time.Sleep(f.Duration) // the broker fails these requests meanwhile
 		h.Remove()
 		r.note("broker %s requests answer again (%d failed)", f.Request, h.Hits())
+	case chaos.BrokerSlow:
+		held := r.slowBroker(f)
+		r.note("broker %s requests answer at once again (%d held)", f.Request, held)
 	case chaos.Reset:
 		r.reset(f)
 	case chaos.RegistryOutage:
@@ -587,6 +591,39 @@ func (r *run) lockRollups(d time.Duration) {
 	}
 	time.Sleep(d) // the lock is held
 	r.note("rollup lock released after %s", d.Round(time.Millisecond))
+}
+
+// slowBroker holds each request of f's kind for f.Delay before the broker
+// answers it, until f is over, and returns how many it held. A held
+// request yields to the other connections; requests after it on its own
+// connection wait their turn, as they would behind a slow broker.
+func (r *run) slowBroker(f chaos.Fault) int64 {
+	key := map[string]kmsg.Key{chaos.RequestFetch: kmsg.Fetch, chaos.RequestCommit: kmsg.OffsetCommit,
+		chaos.RequestJoin: kmsg.JoinGroup, chaos.RequestHeartbeat: kmsg.Heartbeat, chaos.RequestProduce: kmsg.Produce}[f.Request]
+	end := time.Now().Add(f.Duration)
+	var held atomic.Int64
+	var mu sync.Mutex
+	seen := map[kmsg.Request]bool{}
+	r.cluster.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if time.Now().After(end) {
+			r.cluster.DropControl()
+			return nil, nil, false
+		}
+		if p, ok := req.(*kmsg.ProduceRequest); ok && !slices.ContainsFunc(p.Topics, func(t kmsg.ProduceRequestTopic) bool { return t.Topic == dlqTopic }) {
+			return nil, nil, false // only the dead-letter producer's, as BrokerFail
+		}
+		mu.Lock()
+		first := !seen[req] // run again for the request it held: let it through
+		seen[req] = true
+		mu.Unlock()
+		if first {
+			held.Add(1)
+			r.cluster.SleepControl(func() { time.Sleep(f.Delay) }) // the broker is slow to answer
+		}
+		return nil, nil, false // then answered as usual
+	})
+	time.Sleep(f.Duration) // requests are held meanwhile
+	return held.Load()
 }
 
 // brokerFault is the kfake fault of a BrokerFail: retriable errors, as a
