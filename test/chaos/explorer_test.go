@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -189,6 +190,7 @@ type run struct {
 	// (PreparingRebalance) at preparingGen; zero while it is not in it.
 	preparing    time.Time
 	preparingGen int32
+	groupTrace   []string
 }
 
 func (r *run) note(format string, args ...any) {
@@ -263,6 +265,9 @@ func explore(t *testing.T, bin string, s chaos.Schedule) {
 	}
 	r.stopAll()
 	r.check()
+	r.mu.Lock()
+	_ = os.WriteFile(filepath.Join(dir, "group-trace.log"), []byte(strings.Join(r.groupTrace, "")), 0o644)
+	r.mu.Unlock()
 	if len(r.violations) == 0 && os.Getenv("CHAOS_KEEP_LOGS") == "" {
 		_ = os.RemoveAll(dir)
 	}
@@ -514,6 +519,7 @@ func (r *run) inject(f chaos.Fault) {
 // forward, except where an offsets reset moved it back on purpose.
 func (r *run) watchCommits(stop <-chan struct{}) {
 	last := map[int32]int64{}
+	var lastState string
 	tick := time.NewTicker(50 * time.Millisecond) // polling the broker's state
 	defer tick.Stop()
 	for {
@@ -525,6 +531,10 @@ func (r *run) watchCommits(stop <-chan struct{}) {
 		info := r.cluster.GroupInfo(group)
 		if info == nil {
 			continue
+		}
+		if state := fmt.Sprintf("%s generation %d members %v", info.State, info.Epoch, groupMembers(info)); state != lastState {
+			r.trace("group %s", state)
+			lastState = state
 		}
 		r.mu.Lock()
 		switch {
@@ -551,6 +561,21 @@ func (r *run) watchCommits(stop <-chan struct{}) {
 			last[p] = c.Offset
 		}
 	}
+}
+
+// groupMembers names the group's members as the broker lists them: client
+// id (instance id) and member id.
+func groupMembers(info *kfake.GroupInfo) []string {
+	var out []string
+	for _, m := range info.Members {
+		name := m.ClientID
+		if m.InstanceID != nil {
+			name += "(" + *m.InstanceID + ")"
+		}
+		out = append(out, name+"="+m.MemberID)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // silentLoss records a member that cannot announce what it leaves to
@@ -764,16 +789,23 @@ func (r *run) dlqSize() int64 {
 func (r *run) observeGroup(req kmsg.Request) bool {
 	var member string
 	var instance *string
+	var gen int32 = -1
 	switch q := req.(type) {
 	case *kmsg.JoinGroupRequest:
 		member, instance = q.MemberID, q.InstanceID
 	case *kmsg.SyncGroupRequest:
-		member, instance = q.MemberID, q.InstanceID
+		member, instance, gen = q.MemberID, q.InstanceID, q.Generation
 	case *kmsg.HeartbeatRequest:
-		member, instance = q.MemberID, q.InstanceID
+		member, instance, gen = q.MemberID, q.InstanceID, q.Generation
+	case *kmsg.LeaveGroupRequest:
+		for _, m := range q.Members {
+			r.trace("LeaveGroup member %s instance %v", m.MemberID, m.InstanceID)
+		}
+		return true
 	default:
 		return true
 	}
+	r.trace("%s member %q instance %v generation %d", kmsg.Key(req.Key()).Name(), member, instance, gen)
 	who := memberKey(member, instance)
 	if who == "" {
 		return true
@@ -782,6 +814,16 @@ func (r *run) observeGroup(req kmsg.Request) bool {
 	r.lastGroupReq[who] = groupReq{key: kmsg.Key(req.Key()), at: time.Now()}
 	r.mu.Unlock()
 	return true
+}
+
+// trace adds a line to the run's group protocol trace (group-trace.log in
+// the logs directory): every group request the broker received and every
+// change of the group's state as the broker reports it.
+func (r *run) trace(format string, args ...any) {
+	line := fmt.Sprintf("%10s  %s\n", time.Since(r.start).Round(time.Millisecond), fmt.Sprintf(format, args...))
+	r.mu.Lock()
+	r.groupTrace = append(r.groupTrace, line)
+	r.mu.Unlock()
 }
 
 // memberKey names a group member as the explorer names its processes:
