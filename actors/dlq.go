@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"ratchet/internal/tracing"
 	"ratchet/processor"
 )
 
@@ -29,6 +30,10 @@ type Letter struct {
 	Attempts int
 	FailedAt time.Time
 	DLQTopic string // filled in by the DLQ actor
+	// Trace is the letter's `send` span (the zero Send with tracing off):
+	// the dead letter carries its context as `traceparent`, in place of
+	// the original record's. The sender ends it.
+	Trace tracing.Send
 }
 
 // DLQConfig configures the DLQ actor.
@@ -241,6 +246,7 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(l.Attempts))},
 		kafka.Header{Key: HeaderFailedAt, Value: []byte(l.FailedAt.UTC().Format(time.RFC3339Nano))},
 	)
+	headers = l.Trace.Inject(headers)
 	msg := &kafka.Message{
 		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 		Key:            r.Key,
