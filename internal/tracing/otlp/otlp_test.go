@@ -1,0 +1,59 @@
+package otlp
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"ratchet/config"
+)
+
+func env(kv ...string) func(string) string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) string { return m[k] }
+}
+
+func TestRead(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		getenv       func(string) string
+		wantProtocol string
+		wantSampler  string
+		wantRatio    float64
+		wantErr      []string // one line per problem, naming the variable
+	}{
+		{"defaults", env(), ProtocolHTTP, "parentbased_always_on", 1, nil},
+		{"grpc", env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"), ProtocolGRPC, "parentbased_always_on", 1, nil},
+		{"traces protocol wins", env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"), ProtocolHTTP, "parentbased_always_on", 1, nil},
+		{"ratio", env("OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", "0.01"), ProtocolHTTP, "traceidratio", 0.01, nil},
+		{"bad protocol", env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), "", "", 0,
+			[]string{`OTEL_EXPORTER_OTLP_PROTOCOL: "http/json" is not allowed (allowed: http/protobuf or grpc)`}},
+		{"bad sampler and ratio", env("OTEL_TRACES_SAMPLER", "sometimes", "OTEL_TRACES_SAMPLER_ARG", "2"), "", "", 0,
+			[]string{`OTEL_TRACES_SAMPLER_ARG: "2" is not allowed (allowed: a ratio from 0 to 1)`, `OTEL_TRACES_SAMPLER: "sometimes" is not allowed`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Read(tc.getenv)
+			if tc.wantErr != nil {
+				var ce *config.Error
+				if !errors.As(err, &ce) {
+					t.Fatalf("error %v, want a *config.Error (exit code 2)", err)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not say %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Protocol != tc.wantProtocol || s.SamplerName != tc.wantSampler || s.Ratio != tc.wantRatio || s.Sampler == nil {
+				t.Errorf("settings %+v, want %s %s %v", s, tc.wantProtocol, tc.wantSampler, tc.wantRatio)
+			}
+		})
+	}
+}
