@@ -87,6 +87,9 @@ type Ref struct{ sc trace.SpanContext }
 // Valid reports whether r refers to a span.
 func (r Ref) Valid() bool { return r.sc.IsValid() }
 
+// SpanContext is the OpenTelemetry context r refers to.
+func (r Ref) SpanContext() trace.SpanContext { return r.sc }
+
 // TraceID is r's trace id in hex, or "" for none.
 func (r Ref) TraceID() string {
 	if !r.sc.IsValid() {
