@@ -77,6 +77,13 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 	cfg.Kafka.Brokers = []string{b.Addr()}
 	log.Info("embedded broker listening", "addr", b.Addr(), "topics", topics, "partitions", *partitions)
 
+	// The demo producer's spans start the traces the engine continues:
+	// producer → batch → transaction.
+	tracer, stopTracer, err := startTracer(e, cfg, log.With("component", "producer"))
+	if err != nil {
+		return err
+	}
+	defer stopTracer()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	produced := make(chan error, 1)
@@ -84,6 +91,7 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 		_, err := produce.Run(ctx, produce.Options{
 			Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.Topics[0], Rate: *rate, PoisonFraction: *poison,
 			Format: cfg.FormatFor(cfg.Kafka.Topics[0]), TimeSpread: *spread, Seed: time.Now().UnixNano(),
+			Tracer: tracer,
 		}, log.With("component", "producer"))
 		produced <- err
 	}()
@@ -182,6 +190,12 @@ func produceCmd(ctx context.Context, e *env, args []string) error {
 		o.Seed = time.Now().UnixNano()
 	}
 	log := newLogger(e.stderr, cfg, false)
+	tracer, stopTracer, err := startTracer(e, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracer()
+	o.Tracer = tracer
 	if cfg.SchemaRegistry.URL != "" {
 		frame, id, err := schemareg.RegisterEvent(cfg.SchemaRegistry, o.Topic, o.Format)
 		if err != nil {
