@@ -62,6 +62,17 @@ type Options struct {
 	// (tests hand in an SDK provider with an in-memory recorder). Spans
 	// are made only with tracing.enabled.
 	TracerProvider trace.TracerProvider
+	// Getenv reads the OTEL_* variables ratchet interprets itself (the
+	// protocol, the sampler); nil means os.Getenv. The OTLP exporter reads
+	// its own (endpoint, headers, TLS) from the process environment.
+	Getenv func(string) string
+}
+
+func (o Options) getenv() func(string) string {
+	if o.Getenv != nil {
+		return o.Getenv
+	}
+	return os.Getenv
 }
 
 // Run runs the engine until ctx is done and returns nil after a clean stop.
@@ -146,7 +157,7 @@ func (e *engine) startTracing() error {
 	}
 	tp := e.opts.TracerProvider
 	if tp == nil {
-		s, err := otlp.Read(os.Getenv)
+		s, err := otlp.Read(e.opts.getenv())
 		if err != nil {
 			return err
 		}

@@ -34,13 +34,13 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := engine.Check(cfg, engine.Options{Processor: e.opts.Processor}); err != nil {
+	if err := engine.Check(cfg, engine.Options{Processor: e.opts.Processor, Getenv: e.getenv}); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, cfg, false)
 	setMemoryLimit(e, cfg, log)
 	log.Info("ratchet starting", "version", version(), "config", cfg)
-	return engine.Run(ctx, cfg, engine.Options{Logger: log, Processor: e.opts.Processor})
+	return engine.Run(ctx, cfg, engine.Options{Logger: log, Processor: e.opts.Processor, Getenv: e.getenv})
 }
 
 func devCmd(ctx context.Context, e *env, args []string) error {
@@ -61,7 +61,7 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 	if *partitions < 1 {
 		return usagef("dev: -partitions must be at least 1")
 	}
-	if err := engine.Check(cfg, engine.Options{}); err != nil {
+	if err := engine.Check(cfg, engine.Options{Getenv: e.getenv}); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, cfg, true)
@@ -95,7 +95,7 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 		}, log.With("component", "producer"))
 		produced <- err
 	}()
-	err = engine.Run(ctx, cfg, engine.Options{Logger: log, OnListening: func(addr string) {
+	err = engine.Run(ctx, cfg, engine.Options{Logger: log, Getenv: e.getenv, OnListening: func(addr string) {
 		fmt.Fprintf(e.stdout, "\n  ratchet dev is running: open http://%s/ (Ctrl-C stops)\n\n", addr)
 	}})
 	cancel()
