@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
+	"ratchet/internal/testenv"
 	"ratchet/internal/tracing"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
@@ -279,11 +281,13 @@ func (fencedApplier) ApplyWith(_ context.Context, b processor.Batch, c *store.Cl
 }
 
 // TestFencedBatchSetsTheStatus: a batch refused by the offset guard ends
-// fenced with an error status, its transaction refused.
+// fenced with an error status, its transaction refused, and the log line
+// about it names its trace.
 func TestFencedBatchSetsTheStatus(t *testing.T) {
 	tr, rec := spanTracer(t, 0)
+	logs := &testenv.Buffer{}
 	h := startPartitionWith(t, fencedApplier{}, &headerDLQ{headers: map[int64][]kafka.Header{}}, 2,
-		func(c *PartitionConfig) { c.Tracer = tr })
+		func(c *PartitionConfig) { c.Tracer, c.Logger = tr, slog.New(slog.NewTextHandler(logs, nil)) })
 	msgs, _ := tracedRecords(t, tr, 0, 2)
 	h.held.Add(len(msgs), messagesBytes(msgs))
 	h.sys.Root.Send(h.pid, &Records{Msgs: msgs})
@@ -297,6 +301,15 @@ func TestFencedBatchSetsTheStatus(t *testing.T) {
 	if len(txs) != 1 || spanAttr(txs[0], tracing.AttrOutcome).AsString() != tracing.TxRefused {
 		t.Errorf("transactions %d, want one refused", len(txs))
 	}
+	want := "trace_id=" + b.SpanContext().TraceID().String()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "batch refused by the offset guard") && strings.Contains(line, want) {
+				return true
+			}
+		}
+		return false
+	}, "the refusal logged with %s; log: %s", want, logs)
 }
 
 // TestCommitSpanLinksTheBatches: a flush under a stop's span commits

@@ -113,10 +113,11 @@ func (s Span) Ref() Ref {
 	return Ref{sc: s.span.SpanContext()}
 }
 
-// LogAttr is the trace_id attribute for a log line about s: the empty
-// attribute, which log/slog leaves out, when s is not recorded.
+// LogAttr is the trace_id attribute for a log line about s, also once s
+// has ended: the empty attribute, which log/slog leaves out, when s is not
+// sampled (its trace is not exported, so its id would lead nowhere).
 func (s Span) LogAttr() slog.Attr {
-	if !s.Recording() {
+	if s.span == nil || !s.span.SpanContext().IsSampled() {
 		return slog.Attr{}
 	}
 	return slog.String("trace_id", s.span.SpanContext().TraceID().String())

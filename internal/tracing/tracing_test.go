@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"errors"
+	"log/slog"
 	"testing"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -282,5 +283,27 @@ func TestSendLinksToTheDeadLetter(t *testing.T) {
 	}
 	if got == nil || len(got.Links()) != 1 || got.Links()[0].SpanContext.SpanID() != dl.span.SpanContext().SpanID() {
 		t.Fatalf("replay span %v does not link to the dead letter's send span", got)
+	}
+}
+
+// TestLogAttrNamesTheTrace: a log line about a batch written after its
+// span ended (the partition logs the outcome) still names the trace; a
+// batch not sampled, or tracing off, adds nothing to the line.
+func TestLogAttrNamesTheTrace(t *testing.T) {
+	tr, _ := recorded(t, Options{})
+	topic := "events"
+	msgs := []*kafka.Message{{TopicPartition: kafka.TopicPartition{Topic: &topic}}}
+	b := tr.StartBatch(topic, 0, msgs)
+	b.End(BatchApplied, nil)
+	if a := b.LogAttr(); a.Key != "trace_id" || a.Value.String() != b.Ref().TraceID() || len(a.Value.String()) != 32 {
+		t.Errorf("LogAttr after End = %v, want trace_id=%s", a, b.Ref().TraceID())
+	}
+	never := New(sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())), Options{})
+	if a := never.StartBatch(topic, 0, msgs).LogAttr(); !a.Equal(slog.Attr{}) {
+		t.Errorf("LogAttr of a batch not sampled = %v, want the empty attribute", a)
+	}
+	var off *Tracer
+	if a := off.StartBatch(topic, 0, msgs).LogAttr(); !a.Equal(slog.Attr{}) {
+		t.Errorf("LogAttr with tracing off = %v, want the empty attribute", a)
 	}
 }
