@@ -307,3 +307,36 @@ func TestLogAttrNamesTheTrace(t *testing.T) {
 		t.Errorf("LogAttr with tracing off = %v, want the empty attribute", a)
 	}
 }
+
+// BenchmarkBatch is what tracing adds to one batch of 500 records that all
+// carry a traceparent, as the engine calls it: the batch span, one
+// transaction span, the log attribute, the end; off, at 1 % and at 100 %
+// sampling (spans dropped by a processor that keeps nothing, so the
+// export is not measured here: bench/cmd/benchrun section (i) measures
+// the whole pipeline with OTLP export).
+func BenchmarkBatch(b *testing.B) {
+	producer, _ := recorded(b, Options{})
+	topic := "events"
+	msgs, _ := produced(producer, topic, 500, func(int) bool { return true })
+	for _, tc := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{{"off", nil}, {"1%", sdktrace.TraceIDRatioBased(0.01)}, {"100%", sdktrace.AlwaysSample()}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var tr *Tracer
+			if tc.sampler != nil {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(tc.sampler))
+				b.Cleanup(func() { _ = tp.Shutdown(b.Context()) })
+				tr = New(tp, Options{Group: "g"})
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				batch := tr.StartBatch(topic, 3, msgs)
+				tx := batch.StartTx(0, 500, 500)
+				tx.End(TxCommitted, nil)
+				_ = batch.LogAttr()
+				batch.End(BatchApplied, nil)
+			}
+		})
+	}
+}
