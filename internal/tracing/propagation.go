@@ -60,6 +60,68 @@ func Extract(headers []kafka.Header) trace.SpanContext {
 	return trace.SpanContextFromContext(w3c.Extract(context.Background(), headerCarrier(headers)))
 }
 
+// parseTraceparent reads a W3C traceparent value
+// ("00-<trace id>-<span id>-<flags>", lower-case hex) without allocating:
+// a batch span reads one per record. Versions other than 00 are read by
+// their first four fields, as the specification asks of a parser that
+// knows version 00 only; version ff, all-zero ids and malformed values
+// give an invalid context.
+func parseTraceparent(v []byte) trace.SpanContext {
+	if len(v) < 55 || (len(v) > 55 && (v[0] == '0' && v[1] == '0' || v[55] != '-')) {
+		return trace.SpanContext{}
+	}
+	if v[2] != '-' || v[35] != '-' || v[52] != '-' || (v[0] == 'f' && v[1] == 'f') {
+		return trace.SpanContext{}
+	}
+	var ver [1]byte
+	var tid trace.TraceID
+	var sid trace.SpanID
+	var flags [1]byte
+	if !hexInto(ver[:], v[0:2]) || !hexInto(tid[:], v[3:35]) || !hexInto(sid[:], v[36:52]) || !hexInto(flags[:], v[53:55]) {
+		return trace.SpanContext{}
+	}
+	if !tid.IsValid() || !sid.IsValid() {
+		return trace.SpanContext{}
+	}
+	return trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: tid, SpanID: sid, TraceFlags: trace.TraceFlags(flags[0]) & trace.FlagsSampled, Remote: true,
+	})
+}
+
+// hexInto decodes lower-case hex src into dst (len(src) = 2 len(dst)).
+func hexInto(dst, src []byte) bool {
+	for i := range dst {
+		hi, ok1 := unhex(src[2*i])
+		lo, ok2 := unhex(src[2*i+1])
+		if !ok1 || !ok2 {
+			return false
+		}
+		dst[i] = hi<<4 | lo
+	}
+	return true
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
+}
+
+// linkContext is the context a record's last traceparent header names,
+// for a link: Extract without the tracestate, and without allocating.
+func linkContext(headers []kafka.Header) trace.SpanContext {
+	for i := len(headers) - 1; i >= 0; i-- {
+		if headers[i].Key == HeaderTraceparent {
+			return parseTraceparent(headers[i].Value)
+		}
+	}
+	return trace.SpanContext{}
+}
+
 // ExtractRef is Extract as a Ref, for a parent or a link.
 func ExtractRef(headers []kafka.Header) Ref { return Ref{sc: Extract(headers)} }
 

@@ -221,7 +221,7 @@ func (t *Tracer) StartBatch(topic string, partition int32, msgs []*kafka.Message
 	}
 	links, dropped, unlinked := 0, 0, 0
 	for _, m := range msgs {
-		sc := Extract(m.Headers)
+		sc := linkContext(m.Headers)
 		switch {
 		case !sc.IsValid():
 			unlinked++

@@ -340,3 +340,29 @@ func BenchmarkBatch(b *testing.B) {
 		})
 	}
 }
+
+// TestParseTraceparentAgreesWithThePropagator: the allocation-free parser
+// the batch span's links use reads what the W3C propagator reads.
+func TestParseTraceparentAgreesWithThePropagator(t *testing.T) {
+	for _, v := range []string{
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+		"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-future",
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+		"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"00-00000000000000000000000000000000-b7ad6b7169203331-01",
+		"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+		"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+		"00_0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"",
+		"garbage",
+	} {
+		headers := []kafka.Header{{Key: HeaderTraceparent, Value: []byte(v)}}
+		want, got := Extract(headers), linkContext(headers)
+		if want.TraceID() != got.TraceID() || want.SpanID() != got.SpanID() || want.IsValid() != got.IsValid() ||
+			want.IsSampled() != got.IsSampled() {
+			t.Errorf("%q: parsed %v, the propagator reads %v", v, got, want)
+		}
+	}
+}
