@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"compress/gzip"
+	"context"
 	"encoding/hex"
 	"io"
 	"log/slog"
@@ -12,11 +13,15 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
 	"ratchet/config"
+	"ratchet/engine"
 	"ratchet/internal/event"
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
@@ -253,5 +258,62 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 		if len(tpHeader) != 55 || !dlqSends[tpHeader[36:52]] {
 			t.Errorf("dead letter at %d carries traceparent %q, not one of the dead-letter send spans", l.offset, tpHeader)
 		}
+	}
+}
+
+// TestRollingRestartLeavesSpans: an instance that joins, takes partitions
+// from another and stops leaves the spans a slow rolling restart is read
+// from: `claim` on every assignment, `revoke` on the instance giving
+// partitions up, `stop` on each, and the commits of a revoke or a stop as
+// their children.
+func TestRollingRestartLeavesSpans(t *testing.T) {
+	cluster, addr := testenv.Kafka(t, 4, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	cfg.Tracing.Enabled = true
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	opts := func(owner string) engine.Options {
+		return engine.Options{Processor: ledger{owner}, Owner: owner, TracerProvider: tp}
+	}
+
+	s := stream(t, addr, 20, 20*time.Millisecond)
+	a := startWith(t, cfg, opts("a"), testenv.Log{})
+	waitOwnerApplies(t, pool, "a")
+	b := startWith(t, cfg, opts("b"), testenv.Log{}) // joins: a gives up partitions
+	waitMembers(t, cluster, cfg.Kafka.GroupID, 2)
+	waitOwnerApplies(t, pool, "b")
+	a.Stop(t)
+	s.stop()
+	waitApplied(t, pool, s.sent.Load())
+	b.Stop(t)
+
+	spans := rec.Ended()
+	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	count := map[string]int{}
+	for _, sp := range spans {
+		byID[sp.SpanContext().SpanID()] = sp
+		count[sp.Name()]++
+	}
+	if count["claim"] < 2 || count["revoke"] < 1 || count["stop"] != 2 {
+		t.Fatalf("spans %v, want a claim per instance, a revoke and two stops", count)
+	}
+	underLifecycle := 0
+	for _, sp := range spans {
+		if sp.Name() != "commit" || !sp.Parent().IsValid() {
+			continue
+		}
+		parent, ok := byID[sp.Parent().SpanID()]
+		if !ok || (parent.Name() != "stop" && parent.Name() != "revoke") {
+			t.Errorf("commit span under %v, want a stop or a revoke", sp.Parent().SpanID())
+			continue
+		}
+		underLifecycle++
+	}
+	if underLifecycle == 0 {
+		t.Error("no commit span under a stop or a revoke")
 	}
 }
