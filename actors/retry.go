@@ -121,7 +121,7 @@ func (r *retry) Receive(c actor.Context) {
 	r.isolatePanics = msg.isolatePanics
 	r.span = msg.span
 	err := r.run(msg)
-	msg.span.End(batchOutcome(r.ctx, err), err)
+	msg.span.End(batchOutcome(err), err)
 	r.span = tracing.Batch{}
 	c.Send(c.Parent(), &batchDone{start: msg.batch.Start, next: msg.batch.Next, err: err})
 }
@@ -148,7 +148,7 @@ func (r *retry) run(msg *applyBatch) error {
 }
 
 // batchOutcome names how a batch ended, for its span.
-func batchOutcome(ctx context.Context, err error) string {
+func batchOutcome(err error) string {
 	switch {
 	case err == nil:
 		return tracing.BatchApplied

@@ -182,6 +182,9 @@ func (s *Supervisor) stop(began time.Time) {
 	s.trace = span
 	defer func() {
 		span.Bool("ratchet.committed", s.leftCommitted)
+		if !s.leftCommitted && len(tps) > 0 {
+			span.Fail(errors.New("offsets not committed before leaving"))
+		}
 		span.End(nil)
 		s.trace = outer
 	}()
@@ -190,7 +193,7 @@ func (s *Supervisor) stop(began time.Time) {
 	s.drain(tps, s.deadline, true)
 	span.Event("drained")
 	s.commitBeforeLeaving()
-	span.Event("committed")
+	span.Event("commit ended")
 	// Close runs the revoke callback once more; it finds everything drained
 	// and committed, and may use the time Close has.
 	s.deadline = s.by(began.Add(s.cfg.DrainTimeout-reserve/2), reserve/2)
