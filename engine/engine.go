@@ -166,6 +166,7 @@ func (e *engine) startTracing() error {
 			return err
 		}
 		e.sdk, tp = sdk, sdk
+		otlp.LogErrors(e.log)
 		e.log.Info("tracing on", "protocol", s.Protocol, "sampler", s.SamplerName, "ratio", s.Ratio)
 	}
 	e.tracer = tracing.New(tp, tracing.Options{Group: e.cfg.Kafka.GroupID})

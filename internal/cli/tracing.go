@@ -32,6 +32,7 @@ func startTracer(e *env, cfg config.Config, log *slog.Logger) (*tracing.Tracer, 
 	if err != nil {
 		return nil, nil, err
 	}
+	otlp.LogErrors(log)
 	log.Info("tracing on", "protocol", s.Protocol, "sampler", s.SamplerName, "ratio", s.Ratio)
 	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), tracerFlush)

@@ -21,9 +21,13 @@ package otlp
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -108,7 +112,8 @@ func Read(getenv func(string) string) (Settings, error) {
 
 // New builds a tracer provider exporting with OTLP per s. The exporter
 // connects lazily: an unreachable collector costs dropped spans (the SDK
-// reports them through otel's error handler), never a failed start. Shut
+// reports them through otel's error handler, see LogErrors), never a
+// failed start. Shut
 // the provider down (with a deadline) to flush what is queued.
 func New(ctx context.Context, s Settings) (*sdktrace.TracerProvider, error) {
 	var exp *otlptrace.Exporter
@@ -137,4 +142,29 @@ func New(ctx context.Context, s Settings) (*sdktrace.TracerProvider, error) {
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(s.Sampler),
 	), nil
+}
+
+// errorEvery bounds how often LogErrors logs: an unreachable collector
+// fails every export, every few seconds.
+const errorEvery = time.Minute
+
+// LogErrors sends the SDK's errors (failed exports, dropped spans) to log
+// at warn level, at most one line per errorEvery with the count of those
+// left out, instead of the standard library's logger, whose plain-text
+// lines would break a JSON log. It sets the process-wide OpenTelemetry
+// error handler.
+func LogErrors(log *slog.Logger) {
+	var mu sync.Mutex
+	var last time.Time
+	skipped := 0
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !last.IsZero() && time.Since(last) < errorEvery {
+			skipped++
+			return
+		}
+		log.Warn("trace export failed; spans may be dropped", "err", err, "similar_errors_not_logged", skipped)
+		last, skipped = time.Now(), 0
+	}))
 }

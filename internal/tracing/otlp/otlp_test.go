@@ -1,9 +1,13 @@
 package otlp
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel"
 
 	"ratchet/config"
 )
@@ -55,5 +59,19 @@ func TestRead(t *testing.T) {
 				t.Errorf("settings %+v, want %s %s %v", s, tc.wantProtocol, tc.wantSampler, tc.wantRatio)
 			}
 		})
+	}
+}
+
+// TestLogErrorsLogsOncePerInterval: the SDK's errors reach the log as one
+// warn line, then nothing for a while, however often exports fail.
+func TestLogErrorsLogsOncePerInterval(t *testing.T) {
+	var buf bytes.Buffer
+	LogErrors(slog.New(slog.NewJSONHandler(&buf, nil)))
+	for range 5 {
+		otel.Handle(errors.New("connection refused"))
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], `"level":"WARN"`) || !strings.Contains(lines[0], "connection refused") {
+		t.Errorf("log %q, want one warn line naming the error", buf.String())
 	}
 }
