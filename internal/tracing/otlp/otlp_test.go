@@ -2,10 +2,12 @@ package otlp
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel"
 
@@ -73,5 +75,34 @@ func TestLogErrorsLogsOncePerInterval(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 1 || !strings.Contains(lines[0], `"level":"WARN"`) || !strings.Contains(lines[0], "connection refused") {
 		t.Errorf("log %q, want one warn line naming the error", buf.String())
+	}
+}
+
+// TestShutdownEndsByItsDeadline: with no collector listening, either
+// protocol's provider starts (the exporter connects lazily) and its
+// shutdown, which flushes the queued spans, returns by the deadline it is
+// given: the stop's deadline bounds it.
+func TestShutdownEndsByItsDeadline(t *testing.T) {
+	for _, protocol := range []string{ProtocolHTTP, ProtocolGRPC} {
+		t.Run(protocol, func(t *testing.T) {
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+			s, err := Read(env("OTEL_EXPORTER_OTLP_PROTOCOL", protocol, "OTEL_TRACES_SAMPLER", "always_on"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tp, err := New(t.Context(), s)
+			if err != nil {
+				t.Fatalf("new %s provider: %v", protocol, err)
+			}
+			_, span := tp.Tracer("test").Start(t.Context(), "x")
+			span.End()
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			began := time.Now()
+			_ = tp.Shutdown(ctx) // the export fails: nobody listens
+			if took := time.Since(began); took > 3*time.Second {
+				t.Errorf("shutdown took %s with a 500ms deadline", took)
+			}
+		})
 	}
 }
