@@ -30,7 +30,7 @@ func (s *Supervisor) spawn(tp TopicPartition, st startOffset) error {
 		Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
 		Held: a.held, Progress: a.progress, Seek: s.requestSeek,
 		PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
-		ResetWatch: s.cfg.ResetWatch, DeadLetterLog: s.cfg.DeadLetterLog,
+		ResetWatch: s.cfg.ResetWatch, DeadLetterLog: s.cfg.DeadLetterLog, Tracer: s.cfg.Tracer,
 	}
 	res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
 	if err != nil {

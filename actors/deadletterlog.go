@@ -243,7 +243,7 @@ func (l *DeadLetterLog) writeSummary(k deadLetterClassKey, c *deadLetterClass, n
 func logDeadLetter(log *slog.Logger, l *Letter) {
 	r := l.Record
 	log.Warn("dead letter", batchFields(r.Topic, r.Partition, l.batchStart, "actor", "dlq", "offset", r.Offset,
-		"attempts", l.Attempts, "reason", reasonClass(l), "err", l.Reason.Error())...)
+		"attempts", l.Attempts, "reason", reasonClass(l), "err", l.Reason.Error(), l.Trace.LogAttr())...)
 }
 
 // reasonClass is the stable class of why l was dead-lettered, what

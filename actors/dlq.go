@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"ratchet/internal/tracing"
 	"ratchet/processor"
 )
 
@@ -35,6 +36,10 @@ type Letter struct {
 	// decoding says the record was refused by the decoder when its batch
 	// was cut, not by the processor or the database.
 	decoding bool
+	// Trace is the letter's `send` span (the zero Send with tracing off):
+	// the dead letter carries its context as `traceparent`, in place of
+	// the original record's. The sender ends it.
+	Trace tracing.Send
 }
 
 // DLQConfig configures the DLQ actor.
@@ -247,6 +252,7 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(l.Attempts))},
 		kafka.Header{Key: HeaderFailedAt, Value: []byte(l.FailedAt.UTC().Format(time.RFC3339Nano))},
 	)
+	headers = l.Trace.Inject(headers)
 	msg := &kafka.Message{
 		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 		Key:            r.Key,

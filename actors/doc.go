@@ -193,4 +193,17 @@
 // the loop must keep polling throughout. The engine then stops the DLQ
 // actor (its producer flushes with what is left of shutdown.timeout) and
 // the committer, and closes the pool.
+//
+// # Tracing
+//
+// With a *tracing.Tracer in the configs (nil: off, one nil check a batch)
+// a batch's `process` span starts when the partition cuts it (cut) and
+// travels in applyBatch; the retry actor opens a `transaction` child per
+// attempt (safeApply), adds retry and bisect events, and ends the span with
+// the outcome (Receive); sendDeadLetters opens a `send <dlq topic>` child
+// per letter, whose context Letter.Trace gives the dead letter's headers
+// (DLQ.produce). OffsetApplied carries the batch's Ref to the committer,
+// whose commit span links to it. Stop, revoke and claim spans are the
+// poll loop's (Supervisor.trace); a flush under one makes its commit span a
+// child. The actors see only package tracing, never the SDK.
 package actors

@@ -12,6 +12,7 @@ import (
 	"ratchet/internal/event"
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 	"ratchet/processor"
 )
 
@@ -61,6 +62,8 @@ type PartitionConfig struct {
 	// DeadLetterLog writes the log lines about this partition's dead
 	// letters (shared by the instance's partitions); nil: a line each.
 	DeadLetterLog *DeadLetterLog
+	// Tracer makes the spans of the partition's batches; nil: off.
+	Tracer *tracing.Tracer
 }
 
 // partitionState is what a partition actor keeps across supervised
@@ -472,6 +475,9 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 		Next:      int64(take[n-1].TopicPartition.Offset) + 1,
 		Records:   make([]processor.Record, 0, n),
 	}}
+	// The batch's span starts when it is cut: its decoding and its dead
+	// letters are part of it. The retry actor ends it with the outcome.
+	msg.span = p.cfg.Tracer.StartBatch(p.cfg.TP.Topic, p.cfg.TP.Partition, take)
 	var letters []Letter
 	for _, m := range take {
 		e := p.decode(m)
@@ -490,7 +496,7 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 		// flight has committed, so a crash or a failed batch may write them
 		// again (the DLQ is at-least-once; the offset never passes a record
 		// that is in neither place).
-		msg.delivery, msg.dead = sendDeadLetters(p.ctx, p.cfg, letters)
+		msg.delivery, msg.dead = sendDeadLetters(p.ctx, p.cfg, msg.span, letters)
 	}
 	// Drop the taken records without copying the rest: clear the slots so
 	// the garbage collector can free them, and reslice.
@@ -519,6 +525,7 @@ func (p *Partition) send(c actor.Context, msg *applyBatch, n int, bytes int64) {
 func (p *Partition) dropReady() {
 	for _, r := range p.ready {
 		p.release(r.n, r.bytes)
+		r.msg.span.End(tracing.BatchDropped, nil)
 	}
 	clear(p.ready)
 	p.ready = p.ready[:0]
@@ -528,6 +535,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 	if p.inFlight == nil || msg.next != p.inFlight.batch.Next {
 		return // a reply for an incarnation's batch that no longer exists
 	}
+	span := p.inFlight.span // ended by the retry actor; still names its trace
 	var pe *PanicError
 	if errors.As(msg.err, &pe) {
 		p.state.panics[msg.start]++
@@ -539,9 +547,10 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			panic(pe)
 		}
 		p.batchLog(msg.start).Warn("batch keeps panicking; isolating the record", "offset", msg.start,
-			"panics", p.state.panics[msg.start])
+			"panics", p.state.panics[msg.start], span.LogAttr())
 		again := *p.inFlight // its dead letters, if any, are already written
 		again.isolatePanics = true
+		again.span = p.cfg.Tracer.RestartBatch(span, again.batch.Records)
 		c.Send(p.retry, &again)
 		return
 	}
@@ -556,7 +565,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			// read from it again.
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
 			p.batchLog(msg.start).Warn("batch refused by the offset guard; resuming from the stored offset", "offset", msg.start,
-				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err)
+				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err, span.LogAttr())
 			p.state.next = conflict.StoredNext
 			p.cfg.Progress.Next.Store(conflict.StoredNext)
 			c.Send(p.cfg.Committer, &OffsetMoved{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: conflict.StoredNext})
@@ -570,7 +579,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			p.state.fenced = true
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
 			p.batchLog(msg.start).Error("batch refused by the offset guard; partition stopped", "offset", msg.start,
-				"epoch", p.epoch(), "err", msg.err)
+				"epoch", p.epoch(), "err", msg.err, span.LogAttr())
 			p.release(len(p.queue), p.queueBytes)
 			p.queue, p.queueBytes = nil, 0
 			p.dropReady()
@@ -590,7 +599,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		// unapplied: read them again from the watermark, never cut the next
 		// batch past them.
 		p.batchLog(msg.start).Warn("batch abandoned; reading it again from the watermark", "offset", msg.start,
-			"err", msg.err)
+			"err", msg.err, span.LogAttr())
 		p.rewind(c)
 		return
 	}
@@ -599,7 +608,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 	clear(p.state.panics)
 	p.cfg.Progress.Next.Store(msg.next)
 	p.cfg.Metrics.StoredOffset.WithLabelValues(p.cfg.TP.Topic, metrics.Partition(p.cfg.TP.Partition)).Set(float64(msg.next))
-	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next})
+	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next, Batch: span.Ref()})
 	if len(p.ready) > 0 {
 		// Also while draining: their dead letters are written, so applying
 		// them keeps them from being written again by the next owner.

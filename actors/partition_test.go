@@ -180,6 +180,17 @@ type partitionHarness struct {
 // configuration before the actor is spawned.
 func startPartition(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int, configure ...func(*PartitionConfig)) *partitionHarness {
 	tb.Helper()
+	return startPartitionWith(tb, app, dlq, batchSize, func(cfg *PartitionConfig) {
+		for _, f := range configure {
+			f(cfg)
+		}
+	})
+}
+
+// startPartitionWith is startPartition with tune, when not nil, changing
+// the configuration before the actor is spawned.
+func startPartitionWith(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int, tune func(*PartitionConfig)) *partitionHarness {
+	tb.Helper()
 	h := &partitionHarness{
 		sys:   actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) })),
 		held:  NewHeld(nil),
@@ -197,8 +208,8 @@ func startPartition(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int,
 		Metrics: metrics.New(prometheus.NewRegistry()),
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
-	for _, f := range configure {
-		f(h.cfg)
+	if tune != nil {
+		tune(h.cfg)
 	}
 	h.pid = h.sys.Root.Spawn(actor.PropsFromProducer(NewPartition(h.cfg)))
 	tb.Cleanup(func() { _ = h.sys.Root.StopFuture(h.pid).Wait() })

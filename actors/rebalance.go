@@ -8,6 +8,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 )
 
 // rebalance is the consumer's rebalance callback. It runs inside Poll (and
@@ -65,7 +66,21 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	}
 	ctx, cancel := s.claimCtx()
 	defer cancel()
+	var span tracing.Span // an empty assign (every cooperative rebalance has one) claims nothing
+	if len(parts) > 0 {
+		span = s.cfg.Tracer.Start("claim", s.trace.Ref())
+		span.Int("ratchet.partitions", int64(len(parts)))
+	}
 	starts := s.startOffsets(ctx, c, parts)
+	failed := 0
+	for _, st := range starts {
+		if st.err != nil {
+			failed++
+			span.Fail(st.err)
+		}
+	}
+	span.Int("ratchet.claims_failed", int64(failed))
+	span.End(nil)
 	list := make([]kafka.TopicPartition, 0, len(parts))
 	var held []kafka.TopicPartition
 	for i, p := range parts {
@@ -254,6 +269,12 @@ func (s *Supervisor) pastEnd(topic string, partition int32, pos, low, high int64
 // callback has returned.
 func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	lost := c.AssignmentLost()
+	span := s.cfg.Tracer.Start("revoke", s.trace.Ref())
+	span.Int("ratchet.partitions", int64(len(parts)))
+	span.Bool("ratchet.assignment_lost", lost)
+	outer := s.trace
+	s.trace = span
+	defer func() { span.End(nil); s.trace = outer }()
 	s.revoked = true
 	tps := make([]TopicPartition, 0, len(parts))
 	var wasHeld []kafka.TopicPartition
@@ -315,7 +336,7 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 // the assignment lost, and retrying cannot help.
 func (s *Supervisor) commitRevoked(tps []TopicPartition, deadline time.Time) {
 	for attempt := 0; ; attempt++ {
-		f, err := s.flush(tps, false, deadline)
+		f, err := s.flush(tps, false, deadline, s.trace.Ref())
 		if err == nil && f.Err == nil && len(f.Pending) == 0 {
 			s.cfg.Logger.Info("offsets flushed", "partitions", len(tps), "committed", len(f.Committed))
 			break
@@ -329,6 +350,7 @@ func (s *Supervisor) commitRevoked(tps []TopicPartition, deadline time.Time) {
 		deadline = s.by(deadline, stopReserve(s.cfg.DrainTimeout))
 		if reason == "group_unknown_member" || reason == "group_generation" || time.Now().Add(wait).After(deadline) {
 			s.cfg.Logger.Warn("revoked partitions' offsets not committed", "partitions", len(tps), "reason", reason, "err", err)
+			s.trace.Fail(fmt.Errorf("offsets not committed (%s): %w", reason, err))
 			s.abandon(tps)
 			break
 		}

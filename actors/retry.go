@@ -12,6 +12,7 @@ import (
 
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 	"ratchet/processor"
 )
 
@@ -71,6 +72,9 @@ type applyBatch struct {
 	// dead-letter the record) instead of reporting it to the parent. Set
 	// once a batch start has panicked as often as the partition allows.
 	isolatePanics bool
+	// span is the batch's `process` span, started when it was cut; the
+	// retry actor ends it with the outcome (the zero Batch: tracing off).
+	span tracing.Batch
 }
 
 // batchDone is the retry actor's answer to applyBatch: the batch's range is
@@ -105,6 +109,7 @@ type retry struct {
 	// of its isolation keep it in their log lines, so every line about
 	// the batch carries the same first_offset.
 	first int64
+	span     tracing.Batch // of the message being handled
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -118,7 +123,10 @@ func (r *retry) Receive(c actor.Context) {
 		return
 	}
 	r.isolatePanics = msg.isolatePanics
+	r.span = msg.span
 	err := r.run(msg)
+	msg.span.End(batchOutcome(err), err)
+	r.span = tracing.Batch{}
 	c.Send(c.Parent(), &batchDone{start: msg.batch.Start, next: msg.batch.Next, err: err})
 }
 
@@ -142,6 +150,32 @@ func (r *retry) run(msg *applyBatch) error {
 		}
 	}
 	return err
+}
+
+// batchOutcome names how a batch ended, for its span.
+func batchOutcome(err error) string {
+	switch {
+	case err == nil:
+		return tracing.BatchApplied
+	case store.IsOffsetConflict(err):
+		return tracing.BatchFenced
+	case isPanic(err):
+		return tracing.BatchPanicked
+	}
+	return tracing.BatchAbandoned
+}
+
+// txOutcome names how one transaction ended, for its span.
+func txOutcome(err error) string {
+	switch {
+	case err == nil:
+		return tracing.TxCommitted
+	case store.IsOffsetConflict(err):
+		return tracing.TxRefused
+	case store.IsCommitUnknown(err):
+		return tracing.TxCommitUnknown
+	}
+	return tracing.TxRolledBack
 }
 
 // apply applies b, retrying per the policy; attempts bounds unclassified
@@ -175,7 +209,7 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			n := len(b.Records)
 			r.cfg.Metrics.UncommittedRecords.WithLabelValues(b.Topic).Add(float64(n))
 			r.cfg.Logger.Error("batch commit unanswered; applying it again may count it twice", batchFields(b.Topic, b.Partition, r.first,
-				"actor", "retry", "offset", b.Start, "replay", n, "err", err)...)
+				"actor", "retry", "offset", b.Start, "replay", n, "err", err, r.span.LogAttr())...)
 		}
 		if r.ctx.Err() != nil {
 			return r.ctx.Err()
@@ -191,7 +225,7 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 				// (the connection dropped during COMMIT): the store already
 				// holds exactly this batch, under our own epoch.
 				r.cfg.Logger.Info("batch was committed by an earlier attempt", batchFields(b.Topic, b.Partition, r.first,
-					"actor", "retry", "offset", b.Start, "epoch", conflict.Epoch)...)
+					"actor", "retry", "offset", b.Start, "epoch", conflict.Epoch, r.span.LogAttr())...)
 				r.unrecorded = r.unrecorded[:0]
 				r.observe(b, began)
 				return nil
@@ -209,8 +243,9 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			}
 			r.cfg.Progress.Retries.Add(1)
 			r.cfg.Metrics.Retries.WithLabelValues("transient").Inc()
+			r.span.Retry(attempt+1, "transient", err)
 			r.cfg.Logger.Warn("transient failure, retrying", batchFields(b.Topic, b.Partition, r.first,
-				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", err)...)
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", err, r.span.LogAttr())...)
 		case store.IsPreparedStatementError(err):
 			// Configuration (a pooler and named prepared statements), not
 			// the data: never isolated or dead-lettered. Retried like an
@@ -221,16 +256,18 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			}
 			r.cfg.Progress.Retries.Add(1)
 			r.cfg.Metrics.Retries.WithLabelValues("config").Inc()
+			r.span.Retry(attempt+1, "config", err)
 			r.cfg.Logger.Error("batch refused by configuration, retrying", batchFields(b.Topic, b.Partition, r.first,
-				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", store.Explain(err))...)
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", store.Explain(err), r.span.LogAttr())...)
 		case store.IsRecordError(err) || attempt+1 >= attempts:
 			r.cfg.Metrics.Retries.WithLabelValues("record").Inc()
 			return r.isolate(b, err, attempt+1)
 		default:
 			r.cfg.Metrics.Retries.WithLabelValues("unclassified").Inc()
 			r.cfg.Progress.Retries.Add(1)
+			r.span.Retry(attempt+1, "unclassified", err)
 			r.cfg.Logger.Warn("batch failed, retrying", batchFields(b.Topic, b.Partition, r.first,
-				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", err)...)
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", err, r.span.LogAttr())...)
 		}
 		if err := sleep(r.ctx, r.cfg.Retry.Backoff(attempt)); err != nil {
 			return err
@@ -260,6 +297,7 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 	}
 	m := len(b.Records) / 2
 	mid := b.Records[m].Offset
+	r.span.Bisect(b.Start, mid, b.Next, cause)
 	first := processor.Batch{Topic: b.Topic, Partition: b.Partition, Start: b.Start, Next: mid, Records: b.Records[:m]}
 	second := processor.Batch{Topic: b.Topic, Partition: b.Partition, Start: mid, Next: b.Next, Records: b.Records[m:]}
 	if err := r.apply(first, 1); err != nil {
@@ -268,15 +306,11 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 	return r.apply(second, 1)
 }
 
-// safeApply turns a processor panic into a *PanicError, so a panicking
-// record is isolated like any other bad record instead of killing the
-// batch's context.
-func (r *retry) safeApply(b processor.Batch) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
-		}
-	}()
+// safeApply waits for the batch's dead letters, then applies b in one
+// transaction (its span, when traced), a processor panic turned into a
+// *PanicError so a panicking record is isolated like any other bad record
+// instead of killing the batch's context.
+func (r *retry) safeApply(b processor.Batch) error {
 	if w := r.inFlight; w != nil {
 		// Nothing commits before the batch's dead letters are durable. The
 		// wait comes before the transaction, so no connection or row lock
@@ -286,6 +320,19 @@ func (r *retry) safeApply(b processor.Batch) (err error) {
 			return err
 		}
 	}
+	tx := r.span.StartTx(b.Start, b.Next, len(b.Records))
+	err := r.recovered(b)
+	tx.End(txOutcome(err), err)
+	return err
+}
+
+// recovered applies b, turning a processor panic into a *PanicError.
+func (r *retry) recovered(b processor.Batch) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
+		}
+	}()
 	return r.cfg.Applier.ApplyWith(r.ctx, b, r.cfg.Claim, store.ApplyOptions{Dead: r.unrecorded})
 }
 
@@ -299,7 +346,7 @@ func (r *retry) deadLetter(letters ...Letter) error {
 // rows join the next transaction, which must wait for the returned
 // delivery before it commits.
 func (r *retry) deadLetterAsync(letters []Letter) *dlqWait {
-	w, rows := sendDeadLetters(r.ctx, r.cfg, letters)
+	w, rows := sendDeadLetters(r.ctx, r.cfg, r.span, letters)
 	r.unrecorded = append(r.unrecorded, rows...)
 	return w
 }

@@ -45,6 +45,7 @@ type Config struct {
 	Startup        Startup
 	Log            Log
 	SchemaRegistry SchemaRegistry
+	Tracing        Tracing
 }
 
 // Kafka is the kafka section: where to read and how.
@@ -193,6 +194,15 @@ type SchemaRegistry struct {
 	// Both are secrets: an API key names an account.
 	Username Secret
 	Password Secret
+}
+
+// Tracing is the tracing section. Where spans go, how many are sampled
+// and the service's name come from the standard OTEL_* variables
+// (internal/tracing/otlp); this section only switches tracing on.
+type Tracing struct {
+	// Enabled (tracing.enabled) exports OpenTelemetry traces; off, nothing
+	// is recorded or exported.
+	Enabled bool
 }
 
 // Log is the log section.
@@ -369,6 +379,15 @@ func setText(p any, s string) error {
 		*p = SecretURL(s)
 	case *Secret:
 		*p = Secret(s)
+	case *bool:
+		switch strings.ToLower(s) {
+		case "true":
+			*p = true
+		case "false":
+			*p = false
+		default:
+			return fmt.Errorf("true or false")
+		}
 	case *int:
 		v, err := strconv.Atoi(s)
 		if err != nil {
@@ -474,6 +493,8 @@ func show(p any) string {
 		return p.String()
 	case *Secret:
 		return p.String()
+	case *bool:
+		return strconv.FormatBool(*p)
 	case *int:
 		return strconv.Itoa(*p)
 	case *ByteSize:

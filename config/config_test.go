@@ -86,6 +86,7 @@ func TestDefaults(t *testing.T) {
 		{"schema_registry.url", cfg.SchemaRegistry.URL.Reveal(), ""},
 		{"schema_registry.username", cfg.SchemaRegistry.Username.Reveal(), ""},
 		{"schema_registry.password", cfg.SchemaRegistry.Password.Reveal(), ""},
+		{"tracing.enabled", cfg.Tracing.Enabled, false},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {

@@ -58,6 +58,7 @@ var keys = []key{
 	{"schema_registry.url", "Confluent Schema Registry, http(s)://host:port; when set, protobuf and json values are in its wire format (magic byte, schema id) and schema ids are looked up there; empty: off", func(c *Config) any { return &c.SchemaRegistry.URL }},
 	{"schema_registry.username", "basic-auth user of the registry (e.g. an API key); never printed", func(c *Config) any { return &c.SchemaRegistry.Username }},
 	{"schema_registry.password", "basic-auth password of the registry (e.g. an API secret); never printed", func(c *Config) any { return &c.SchemaRegistry.Password }},
+	{"tracing.enabled", "export OpenTelemetry traces (a span per batch, its transaction, dead letters, commits, stops and rebalances); where to and how many come from the standard OTEL_* variables (docs/operations.md, Tracing); false: nothing is recorded or exported", func(c *Config) any { return &c.Tracing.Enabled }},
 }
 
 // env returns the environment variable of k: RATCHET_ and the key in upper

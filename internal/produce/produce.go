@@ -20,6 +20,7 @@ import (
 
 	"ratchet/internal/event"
 	"ratchet/internal/kafkaclient"
+	"ratchet/internal/tracing"
 )
 
 // drainTimeout bounds the final flush when Run stops because ctx is done:
@@ -60,6 +61,10 @@ type Options struct {
 	// it to make event times, and so the rollup buckets, deterministic too.
 	// It does not affect the pacing of Run.
 	Now func() time.Time
+	// Tracer, when set, sends each record under a `send <topic>` span
+	// whose context the record carries in its `traceparent` header; nil:
+	// no spans, no header.
+	Tracer *tracing.Tracer
 }
 
 // validate reports every problem in o at once.
@@ -262,7 +267,14 @@ func send(ctx context.Context, p *kafka.Producer, opts Options) (int64, error) {
 			if poison {
 				msg.Opaque = poisonTag
 			}
-			if err := produceOne(ctx, p, msg); err != nil {
+			var span tracing.Send
+			if opts.Tracer != nil {
+				span = opts.Tracer.StartSend(tracing.Ref{}, topic, nil)
+				msg.Headers = span.Inject(msg.Headers)
+			}
+			err := produceOne(ctx, p, msg)
+			span.End(err) // the span covers the hand-over to the client, not the delivery
+			if err != nil {
 				if ctx.Err() != nil {
 					return sent, nil
 				}

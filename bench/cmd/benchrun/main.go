@@ -93,6 +93,8 @@ type options struct {
 	onlyScale   bool
 	// The query exec mode section (execmode.go).
 	onlyExecMode bool
+	// The tracing section (tracing.go).
+	onlyTracing bool
 }
 
 func run(ctx context.Context) error {
@@ -119,6 +121,7 @@ func run(ctx context.Context) error {
 	flag.StringVar(&o.scaleParts, "scale-partitions", "12,256,1024", "partition counts of the drains (g), the first the baseline, the last also for peak RSS and idle CPU")
 	flag.BoolVar(&o.onlyScale, "only-scale", false, "run the partition-count section alone (to develop it; the table then has its rows only)")
 	flag.BoolVar(&o.onlyExecMode, "only-exec-mode", false, "run the query exec mode section (h) alone on a -events backlog (the table then has its rows only)")
+	flag.BoolVar(&o.onlyTracing, "only-tracing", false, "run the tracing section (i) alone on a -events backlog (the table then has its rows only)")
 	flag.Parse()
 	if o.command == "" {
 		o.command = fmt.Sprint(os.Args)
@@ -142,7 +145,8 @@ func run(ctx context.Context) error {
 	rep.machine = machineInfo()
 
 	rwTopics := []string{"rw-naive", "rw-naive-commit", "rw-ratchet"}
-	topics := []string{"events", "events.dlq", "poison", "poison.dlq", "lat", "lat.dlq", "mem-s", "mem-s.dlq", "mem-l", "mem-l.dlq"}
+	topics := []string{"events", "events.dlq", "poison", "poison.dlq", "lat", "lat.dlq", "mem-s", "mem-s.dlq", "mem-l", "mem-l.dlq",
+		tracedTopic, tracedTopic + ".dlq"}
 	topics = append(topics, rwTopics...)
 	brokerLog, err := os.Create(filepath.Join(o.outDir, "broker.log"))
 	if err != nil {
@@ -172,6 +176,12 @@ func run(ctx context.Context) error {
 	}
 	if o.onlyScale {
 		if rep.scale, err = runScale(ctx, env, o, scaleParts, say, quiet); err != nil {
+			return err
+		}
+		return rep.write(began, say)
+	}
+	if o.onlyTracing {
+		if rep.tracing, err = runTracing(ctx, env, o.events, o.rounds, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -351,6 +361,11 @@ func run(ctx context.Context) error {
 	// 5b. Query exec modes (issue 27): the session-free default against
 	// named prepared statements, on the drains' backlog.
 	if rep.execMode, err = runExecMode(ctx, env, "events", o.events, o.rounds, say); err != nil {
+		return err
+	}
+
+	// 5c. Tracing (issue 26): off, on at 100 % and at 1 % sampling.
+	if rep.tracing, err = runTracing(ctx, env, o.events, o.rounds, say); err != nil {
 		return err
 	}
 
