@@ -30,7 +30,7 @@ func (s *Supervisor) spawn(tp TopicPartition, st startOffset) error {
 		Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
 		Held: a.held, Progress: a.progress, Seek: s.requestSeek,
 		PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
-		ResetWatch: s.cfg.ResetWatch,
+		ResetWatch: s.cfg.ResetWatch, DeadLetterLog: s.cfg.DeadLetterLog, Tracer: s.cfg.Tracer,
 	}
 	res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
 	if err != nil {
@@ -60,16 +60,6 @@ func (s *Supervisor) begin(tp TopicPartition, st startOffset) bool {
 		return false
 	}
 	return true
-}
-
-// startAt is the position to assign or seek a partition to: its start
-// offset, or the committed offset (else auto.offset.reset) when none is
-// known.
-func startAt(start int64) kafka.Offset {
-	if start >= 0 {
-		return kafka.Offset(start)
-	}
-	return kafka.OffsetStored
 }
 
 // unclaim records that tp could not be started and schedules a retry.
@@ -115,16 +105,7 @@ func (s *Supervisor) retryClaims() {
 		if !s.begin(tp, st) {
 			continue
 		}
-		pos := startAt(st.start)
-		if st.start < 0 {
-			// Kafka answered that the group has no committed offset (a
-			// failed lookup never gets here: startOffsets gives it an
-			// error and the partition stays held).
-			pos = kafka.OffsetBeginning
-			if s.cfg.AutoOffsetReset == "latest" {
-				pos = kafka.OffsetEnd
-			}
-		}
+		pos := kafka.Offset(st.start) // always an offset: startOffsets resolved auto.offset.reset
 		res, err := s.consumer.SeekPartitions([]kafka.TopicPartition{ktp(tp, pos)})
 		if err == nil && len(res) == 1 && res[0].Error != nil {
 			err = res[0].Error

@@ -10,6 +10,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"ratchet/internal/metrics"
+	"ratchet/internal/tracing"
 )
 
 // OffsetCommitter commits explicit offsets to Kafka. *kafka.Consumer
@@ -29,6 +30,8 @@ type CommitterConfig struct {
 	Interval time.Duration
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
+	// Tracer makes a span of every commit; nil: off.
+	Tracer *tracing.Tracer
 }
 
 // Committer keeps the highest applied watermark of every assigned partition
@@ -54,6 +57,7 @@ type commitState struct {
 	next      int64 // highest applied watermark reported
 	committed int64 // last watermark Kafka acknowledged
 	progress  *Progress
+	batch     tracing.Ref // span of the batch that moved next there
 }
 
 // NewCommitter returns the committer actor's producer.
@@ -84,6 +88,7 @@ func (m *Committer) Receive(c actor.Context) {
 			return
 		}
 		st.next = msg.Next
+		st.batch = msg.Batch
 		m.arm(c)
 	case *OffsetMoved:
 		m.moved(c, msg)
@@ -95,7 +100,7 @@ func (m *Committer) Receive(c actor.Context) {
 			m.periodic(c)
 		}
 	case *Flush:
-		done, err := m.commit(msg.TPs)
+		done, err := m.commit(msg.TPs, msg.Trace)
 		reply := &Flushed{Committed: done, Err: err, Pending: m.pending(msg.TPs)}
 		if msg.Forget {
 			for _, tp := range msg.TPs {
@@ -119,7 +124,7 @@ func (m *Committer) Receive(c actor.Context) {
 // membership change, and it is retried as soon as this member has rejoined
 // (Rejoined), or after Interval if no rebalance completes by then.
 func (m *Committer) periodic(c actor.Context) {
-	_, err := m.commit(nil)
+	_, err := m.commit(nil, tracing.Ref{})
 	m.awaitRejoin = false
 	if err == nil {
 		return
@@ -170,13 +175,19 @@ func (m *Committer) arm(c actor.Context) {
 }
 
 // commit commits the watermarks of tps (all when nil) that are ahead of
-// Kafka, in one request, and returns what was committed.
-func (m *Committer) commit(tps []TopicPartition) (map[TopicPartition]int64, error) {
+// Kafka, in one request, and returns what was committed. With tracing the
+// commit is a span, a child of parent (a flush's stop or revoke) or a root,
+// linking to the batch that moved each committed partition's watermark.
+func (m *Committer) commit(tps []TopicPartition, parent tracing.Ref) (map[TopicPartition]int64, error) {
 	var offsets []kafka.TopicPartition
+	var batches []tracing.Ref
 	add := func(tp TopicPartition, st *commitState) {
 		if st.next > st.committed && st.next >= 0 {
 			topic := tp.Topic
 			offsets = append(offsets, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(st.next)})
+			if m.cfg.Tracer != nil {
+				batches = append(batches, st.batch)
+			}
 		}
 	}
 	if tps == nil {
@@ -193,6 +204,15 @@ func (m *Committer) commit(tps []TopicPartition) (map[TopicPartition]int64, erro
 	if len(offsets) == 0 {
 		return nil, nil
 	}
+	span := m.cfg.Tracer.StartCommit(parent, len(offsets), batches)
+	done, err := m.commitOffsets(offsets)
+	span.Int("ratchet.commit.committed", int64(len(done)))
+	span.End(err)
+	return done, err
+}
+
+// commitOffsets commits offsets in one request.
+func (m *Committer) commitOffsets(offsets []kafka.TopicPartition) (map[TopicPartition]int64, error) {
 	k := m.cfg.Kafka()
 	if k == nil {
 		m.cfg.Metrics.Commits.WithLabelValues("no_consumer").Inc()

@@ -19,6 +19,7 @@ import (
 
 	"ratchet/internal/event"
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 )
 
 // DeadLetterer hands records that can never be applied to the dead-letter
@@ -54,21 +55,36 @@ func (w *dlqWait) wait(ctx context.Context) error {
 // sendDeadLetters starts writing letters to the partition's dead-letter
 // topic and returns the delivery to wait for and the rows that record the
 // letters in PostgreSQL. The write ends when the DLQ answered or ctx (the
-// partition incarnation's life) ended.
-func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, letters []Letter) (*dlqWait, []store.DeadLetter) {
+// partition incarnation's life) ended. Each letter is sent under its own
+// `send <dlq topic>` span, a child of the batch's span, whose context the
+// dead letter carries.
+func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, batch tracing.Batch, letters []Letter) (*dlqWait, []store.DeadLetter) {
 	now := time.Now()
 	rows := make([]store.DeadLetter, 0, len(letters))
 	for i := range letters {
 		letters[i].FailedAt = now
 		l := letters[i]
-		cfg.Logger.Warn("dead letter", "actor", "retry", "topic", l.Record.Topic, "partition", l.Record.Partition,
-			"offset", l.Record.Offset, "attempts", l.Attempts, "reason", l.Reason.Error())
+		batch.RecordFailed(l.Record.Offset, l.Reason)
+		send := batch.StartSend(cfg.DLQTopic)
+		letters[i].Trace = send
+		if send.Recording() {
+			send.String("ratchet.dead_letter.reason", l.Reason.Error())
+			send.String("ratchet.dead_letter.topic", l.Record.Topic)
+			send.Int("ratchet.dead_letter.partition", int64(l.Record.Partition))
+			send.Int("ratchet.dead_letter.offset", l.Record.Offset)
+		}
 		rows = append(rows, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
 			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt})
 	}
+	cfg.DeadLetterLog.Record(cfg.Logger, letters)
 	w := &dlqWait{done: make(chan struct{})}
 	go func() { // ends when the DLQ answered or ctx ended
 		defer close(w.done)
+		defer func() {
+			for _, l := range letters {
+				l.Trace.End(w.err)
+			}
+		}()
 		if err := cfg.DLQ.DeadLetter(ctx, letters); err != nil {
 			w.err = fmt.Errorf("dead letter %s[%d]: %w", letters[0].Record.Topic, letters[0].Record.Partition, err)
 			if ctx.Err() == nil {

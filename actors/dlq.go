@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"ratchet/internal/tracing"
 	"ratchet/processor"
 )
 
@@ -29,6 +30,16 @@ type Letter struct {
 	Attempts int
 	FailedAt time.Time
 	DLQTopic string // filled in by the DLQ actor
+	// batchStart is the first offset of the batch the record was cut or
+	// isolated from: log lines about the letter name its batch with it.
+	batchStart int64
+	// decoding says the record was refused by the decoder when its batch
+	// was cut, not by the processor or the database.
+	decoding bool
+	// Trace is the letter's `send` span (the zero Send with tracing off):
+	// the dead letter carries its context as `traceparent`, in place of
+	// the original record's. The sender ends it.
+	Trace tracing.Send
 }
 
 // DLQConfig configures the DLQ actor.
@@ -241,6 +252,7 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(l.Attempts))},
 		kafka.Header{Key: HeaderFailedAt, Value: []byte(l.FailedAt.UTC().Format(time.RFC3339Nano))},
 	)
+	headers = l.Trace.Inject(headers)
 	msg := &kafka.Message{
 		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 		Key:            r.Key,
@@ -257,9 +269,9 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 func (d *DLQ) retryLater(c actor.Context, item *dlqItem, err error) {
 	l := item.req.letters[item.idx]
 	wait := d.cfg.Backoff.Backoff(min(item.attempts, 20))
-	d.cfg.Logger.Warn("dead-letter write failed; retrying", "actor", "dlq", "topic", l.Record.Topic,
-		"partition", l.Record.Partition, "offset", l.Record.Offset, "dlq_topic", l.DLQTopic,
-		"attempt", item.attempts, "wait", wait.String(), "err", err)
+	d.cfg.Logger.Warn("dead-letter write failed; retrying", batchFields(l.Record.Topic, l.Record.Partition, l.batchStart,
+		"actor", "dlq", "offset", l.Record.Offset, "dlq_topic", l.DLQTopic,
+		"attempt", item.attempts, "wait", wait.String(), "err", err)...)
 	self, root := c.Self(), c.ActorSystem().Root
 	time.AfterFunc(wait, func() { root.Send(self, &reproduce{item: item}) })
 }

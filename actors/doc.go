@@ -139,7 +139,9 @@
 // A record goes to the dead-letter topic from two places: the partition
 // when a value does not decode (step 3) and the retry actor when isolation
 // pins a batch's failure on it (step 5). Both call sendDeadLetters (deadletter.go, with the rest of the plumbing), which
-// logs the letter, runs DLQClient.DeadLetter on a goroutine and hands back
+// logs the letter through the instance's DeadLetterLog (deadletterlog.go:
+// the first of a topic and reason class in full, then a summary per
+// interval), runs DLQClient.DeadLetter on a goroutine and hands back
 // a dlqWait to wait on plus the rows that record the letters in
 // ratchet_dead_letters in the next transaction. DLQClient asks the DLQ
 // actor with a RequestFuture (bounded by DefaultDLQTimeout, cancelled with
@@ -191,4 +193,17 @@
 // the loop must keep polling throughout. The engine then stops the DLQ
 // actor (its producer flushes with what is left of shutdown.timeout) and
 // the committer, and closes the pool.
+//
+// # Tracing
+//
+// With a *tracing.Tracer in the configs (nil: off, one nil check a batch)
+// a batch's `process` span starts when the partition cuts it (cut) and
+// travels in applyBatch; the retry actor opens a `transaction` child per
+// attempt (safeApply), adds retry and bisect events, and ends the span with
+// the outcome (Receive); sendDeadLetters opens a `send <dlq topic>` child
+// per letter, whose context Letter.Trace gives the dead letter's headers
+// (DLQ.produce). OffsetApplied carries the batch's Ref to the committer,
+// whose commit span links to it. Stop, revoke and claim spans are the
+// poll loop's (Supervisor.trace); a flush under one makes its commit span a
+// child. The actors see only package tracing, never the SDK.
 package actors

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/internal/tracing"
 )
 
 // TopicPartition names one partition of one topic.
@@ -44,6 +46,9 @@ type OffsetApplied struct {
 	TP   TopicPartition
 	Gen  uint64
 	Next int64
+	// Batch is the span of the batch that moved the watermark to Next, the
+	// commit span's link to it; the zero Ref with tracing off.
+	Batch tracing.Ref
 }
 
 // Register starts tracking a partition in the committer. Sent by the poll
@@ -67,6 +72,9 @@ type Register struct {
 type Flush struct {
 	TPs    []TopicPartition
 	Forget bool
+	// Trace is the span the flush is part of (a stop, a revoke): the
+	// commit's span is its child. The zero Ref: a root span, or none.
+	Trace tracing.Ref
 }
 
 // Flushed is the committer's reply to Flush. Committed holds what was

@@ -12,6 +12,7 @@ import (
 	"ratchet/internal/event"
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 	"ratchet/processor"
 )
 
@@ -58,6 +59,11 @@ type PartitionConfig struct {
 	// ResetWatch, in exactly-once mode, tells the actor when its stored
 	// position moved while it is idle (resetwatch.go); nil: off.
 	ResetWatch *ResetWatch
+	// DeadLetterLog writes the log lines about this partition's dead
+	// letters (shared by the instance's partitions); nil: a line each.
+	DeadLetterLog *DeadLetterLog
+	// Tracer makes the spans of the partition's batches; nil: off.
+	Tracer *tracing.Tracer
 }
 
 // partitionState is what a partition actor keeps across supervised
@@ -182,6 +188,12 @@ func NewPartition(cfg *PartitionConfig) actor.Producer {
 
 func (p *Partition) log() *slog.Logger {
 	return p.cfg.Logger.With("actor", "partition", "topic", p.cfg.TP.Topic, "partition", p.cfg.TP.Partition)
+}
+
+// batchLog is log for the lines about the batch starting at first (see
+// batchFields).
+func (p *Partition) batchLog(first int64) *slog.Logger {
+	return p.cfg.Logger.With(batchFields(p.cfg.TP.Topic, p.cfg.TP.Partition, first, "actor", "partition")...)
 }
 
 // Receive implements actor.Actor.
@@ -463,6 +475,9 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 		Next:      int64(take[n-1].TopicPartition.Offset) + 1,
 		Records:   make([]processor.Record, 0, n),
 	}}
+	// The batch's span starts when it is cut: its decoding and its dead
+	// letters are part of it. The retry actor ends it with the outcome.
+	msg.span = p.cfg.Tracer.StartBatch(p.cfg.TP.Topic, p.cfg.TP.Partition, take)
 	var letters []Letter
 	for _, m := range take {
 		e := p.decode(m)
@@ -470,7 +485,7 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 			continue // in the batch's offsets, not in its records
 		}
 		if e.poison != nil {
-			letters = append(letters, Letter{Record: e.rec, Reason: e.poison, Attempts: 1})
+			letters = append(letters, Letter{Record: e.rec, Reason: e.poison, Attempts: 1, batchStart: start, decoding: true})
 			continue
 		}
 		msg.batch.Records = append(msg.batch.Records, e.rec)
@@ -481,7 +496,7 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 		// flight has committed, so a crash or a failed batch may write them
 		// again (the DLQ is at-least-once; the offset never passes a record
 		// that is in neither place).
-		msg.delivery, msg.dead = sendDeadLetters(p.ctx, p.cfg, letters)
+		msg.delivery, msg.dead = sendDeadLetters(p.ctx, p.cfg, msg.span, letters)
 	}
 	// Drop the taken records without copying the rest: clear the slots so
 	// the garbage collector can free them, and reslice.
@@ -510,6 +525,7 @@ func (p *Partition) send(c actor.Context, msg *applyBatch, n int, bytes int64) {
 func (p *Partition) dropReady() {
 	for _, r := range p.ready {
 		p.release(r.n, r.bytes)
+		r.msg.span.End(tracing.BatchDropped, nil)
 	}
 	clear(p.ready)
 	p.ready = p.ready[:0]
@@ -519,6 +535,7 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 	if p.inFlight == nil || msg.next != p.inFlight.batch.Next {
 		return // a reply for an incarnation's batch that no longer exists
 	}
+	span := p.inFlight.span // ended by the retry actor; still names its trace
 	var pe *PanicError
 	if errors.As(msg.err, &pe) {
 		p.state.panics[msg.start]++
@@ -529,10 +546,11 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			// waiting on this batch is answered by Restarting.
 			panic(pe)
 		}
-		p.log().Warn("batch keeps panicking; isolating the record", "offset", msg.start,
-			"panics", p.state.panics[msg.start])
+		p.batchLog(msg.start).Warn("batch keeps panicking; isolating the record", "offset", msg.start,
+			"panics", p.state.panics[msg.start], span.LogAttr())
 		again := *p.inFlight // its dead letters, if any, are already written
 		again.isolatePanics = true
+		again.span = p.cfg.Tracer.RestartBatch(span, again.batch.Records)
 		c.Send(p.retry, &again)
 		return
 	}
@@ -546,8 +564,8 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			// says. The store is the truth: move the watermark there and
 			// read from it again.
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
-			p.log().Warn("batch refused by the offset guard; resuming from the stored offset", "offset", msg.start,
-				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err)
+			p.batchLog(msg.start).Warn("batch refused by the offset guard; resuming from the stored offset", "offset", msg.start,
+				"stored_offset", conflict.StoredNext, "epoch", p.epoch(), "err", msg.err, span.LogAttr())
 			p.state.next = conflict.StoredNext
 			p.cfg.Progress.Next.Store(conflict.StoredNext)
 			c.Send(p.cfg.Committer, &OffsetMoved{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: conflict.StoredNext})
@@ -560,8 +578,8 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 			// to its owner.
 			p.state.fenced = true
 			p.cfg.Metrics.Fenced.WithLabelValues(p.cfg.TP.Topic, store.ConflictReason(msg.err)).Inc()
-			p.log().Error("batch refused by the offset guard; partition stopped", "offset", msg.start,
-				"epoch", p.epoch(), "err", msg.err)
+			p.batchLog(msg.start).Error("batch refused by the offset guard; partition stopped", "offset", msg.start,
+				"epoch", p.epoch(), "err", msg.err, span.LogAttr())
 			p.release(len(p.queue), p.queueBytes)
 			p.queue, p.queueBytes = nil, 0
 			p.dropReady()
@@ -580,16 +598,17 @@ func (p *Partition) batchDone(c actor.Context, msg *batchDone) {
 		// record). Its records and those queued after it are still
 		// unapplied: read them again from the watermark, never cut the next
 		// batch past them.
-		p.log().Warn("batch abandoned; reading it again from the watermark", "offset", msg.start,
-			"err", msg.err)
+		p.batchLog(msg.start).Warn("batch abandoned; reading it again from the watermark", "offset", msg.start,
+			"err", msg.err, span.LogAttr())
 		p.rewind(c)
 		return
 	}
+	p.log().Debug("batch applied", "offset", msg.start, "next_offset", msg.next, "gen", p.cfg.Gen)
 	p.state.next = msg.next
 	clear(p.state.panics)
 	p.cfg.Progress.Next.Store(msg.next)
 	p.cfg.Metrics.StoredOffset.WithLabelValues(p.cfg.TP.Topic, metrics.Partition(p.cfg.TP.Partition)).Set(float64(msg.next))
-	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next})
+	c.Send(p.cfg.Committer, &OffsetApplied{TP: p.cfg.TP, Gen: p.cfg.Gen, Next: msg.next, Batch: span.Ref()})
 	if len(p.ready) > 0 {
 		// Also while draining: their dead letters are written, so applying
 		// them keeps them from being written again by the next owner.

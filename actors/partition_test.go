@@ -176,7 +176,20 @@ type partitionHarness struct {
 	seeks chan int64
 }
 
-func startPartition(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int) *partitionHarness {
+// startPartition starts the harness; configure, if given, changes its
+// configuration before the actor is spawned.
+func startPartition(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int, configure ...func(*PartitionConfig)) *partitionHarness {
+	tb.Helper()
+	return startPartitionWith(tb, app, dlq, batchSize, func(cfg *PartitionConfig) {
+		for _, f := range configure {
+			f(cfg)
+		}
+	})
+}
+
+// startPartitionWith is startPartition with tune, when not nil, changing
+// the configuration before the actor is spawned.
+func startPartitionWith(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int, tune func(*PartitionConfig)) *partitionHarness {
 	tb.Helper()
 	h := &partitionHarness{
 		sys:   actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) })),
@@ -194,6 +207,9 @@ func startPartition(tb testing.TB, app Applier, dlq DeadLetterer, batchSize int)
 		Seek:    func(_ *actor.PID, _ TopicPartition, next int64) { h.seeks <- next },
 		Metrics: metrics.New(prometheus.NewRegistry()),
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if tune != nil {
+		tune(h.cfg)
 	}
 	h.pid = h.sys.Root.Spawn(actor.PropsFromProducer(NewPartition(h.cfg)))
 	tb.Cleanup(func() { _ = h.sys.Root.StopFuture(h.pid).Wait() })

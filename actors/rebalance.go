@@ -8,6 +8,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 )
 
 // rebalance is the consumer's rebalance callback. It runs inside Poll (and
@@ -65,7 +66,21 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	}
 	ctx, cancel := s.claimCtx()
 	defer cancel()
+	var span tracing.Span // an empty assign (every cooperative rebalance has one) claims nothing
+	if len(parts) > 0 {
+		span = s.cfg.Tracer.Start("claim", s.trace.Ref())
+		span.Int("ratchet.partitions", int64(len(parts)))
+	}
 	starts := s.startOffsets(ctx, c, parts)
+	failed := 0
+	for _, st := range starts {
+		if st.err != nil {
+			failed++
+			span.Fail(st.err)
+		}
+	}
+	span.Int("ratchet.claims_failed", int64(failed))
+	span.End(nil)
 	list := make([]kafka.TopicPartition, 0, len(parts))
 	var held []kafka.TopicPartition
 	for i, p := range parts {
@@ -84,7 +99,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 			held = append(held, ktp(tp, kafka.OffsetInvalid))
 			continue
 		}
-		list = append(list, ktp(tp, startAt(st.start)))
+		list = append(list, ktp(tp, kafka.Offset(st.start))) // an offset: librdkafka looks nothing up
 		s.cfg.Logger.Info("partition assigned", "topic", tp.Topic, "partition", tp.Partition,
 			"offset", st.start, "epoch", claimEpoch(st.claim))
 	}
@@ -117,7 +132,7 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 const heldAt = kafka.Offset(0)
 
 type startOffset struct {
-	start     int64
+	start     int64 // where the partition starts: always an offset
 	committed int64 // Kafka's committed offset; -1 none
 	claim     *store.Claim
 	err       error
@@ -156,7 +171,7 @@ func (s *Supervisor) startOffsets(ctx context.Context, c *kafka.Consumer, parts 
 			tp := TopicPartition{Topic: *p.Topic, Partition: p.Partition}
 			applied, lost := s.lostApplied[tp]
 			delete(s.lostApplied, tp)
-			pos := resumeAtLeastOnce(committed[i], applied, lost, low, high)
+			pos := resumeAtLeastOnce(committed[i], applied, lost, low, high, s.cfg.AutoOffsetReset)
 			if pos.Resumed {
 				s.cfg.Logger.Info("partition came back after its assignment was lost; resuming after what this instance applied",
 					"topic", tp.Topic, "partition", tp.Partition, "offset", pos.Start, "kafka_committed", committed[i])
@@ -254,6 +269,12 @@ func (s *Supervisor) pastEnd(topic string, partition int32, pos, low, high int64
 // callback has returned.
 func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	lost := c.AssignmentLost()
+	span := s.cfg.Tracer.Start("revoke", s.trace.Ref())
+	span.Int("ratchet.partitions", int64(len(parts)))
+	span.Bool("ratchet.assignment_lost", lost)
+	outer := s.trace
+	s.trace = span
+	defer func() { span.End(nil); s.trace = outer }()
 	s.revoked = true
 	tps := make([]TopicPartition, 0, len(parts))
 	var wasHeld []kafka.TopicPartition
@@ -315,7 +336,7 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 // the assignment lost, and retrying cannot help.
 func (s *Supervisor) commitRevoked(tps []TopicPartition, deadline time.Time) {
 	for attempt := 0; ; attempt++ {
-		f, err := s.flush(tps, false, deadline)
+		f, err := s.flush(tps, false, deadline, s.trace.Ref())
 		if err == nil && f.Err == nil && len(f.Pending) == 0 {
 			s.cfg.Logger.Info("offsets flushed", "partitions", len(tps), "committed", len(f.Committed))
 			break
@@ -329,6 +350,7 @@ func (s *Supervisor) commitRevoked(tps []TopicPartition, deadline time.Time) {
 		deadline = s.by(deadline, stopReserve(s.cfg.DrainTimeout))
 		if reason == "group_unknown_member" || reason == "group_generation" || time.Now().Add(wait).After(deadline) {
 			s.cfg.Logger.Warn("revoked partitions' offsets not committed", "partitions", len(tps), "reason", reason, "err", err)
+			s.trace.Fail(fmt.Errorf("offsets not committed (%s): %w", reason, err))
 			s.abandon(tps)
 			break
 		}

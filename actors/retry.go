@@ -12,6 +12,7 @@ import (
 
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 	"ratchet/processor"
 )
 
@@ -71,6 +72,9 @@ type applyBatch struct {
 	// dead-letter the record) instead of reporting it to the parent. Set
 	// once a batch start has panicked as often as the partition allows.
 	isolatePanics bool
+	// span is the batch's `process` span, started when it was cut; the
+	// retry actor ends it with the outcome (the zero Batch: tracing off).
+	span tracing.Batch
 }
 
 // batchDone is the retry actor's answer to applyBatch: the batch's range is
@@ -101,6 +105,11 @@ type retry struct {
 	// started when the partition cut the batch; no transaction of the
 	// batch begins before it is done. nil when there is none.
 	inFlight *dlqWait
+	// first is the first offset of the batch being applied: the halves
+	// of its isolation keep it in their log lines, so every line about
+	// the batch carries the same first_offset.
+	first int64
+	span     tracing.Batch // of the message being handled
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -114,11 +123,15 @@ func (r *retry) Receive(c actor.Context) {
 		return
 	}
 	r.isolatePanics = msg.isolatePanics
+	r.span = msg.span
 	err := r.run(msg)
+	msg.span.End(batchOutcome(err), err)
+	r.span = tracing.Batch{}
 	c.Send(c.Parent(), &batchDone{start: msg.batch.Start, next: msg.batch.Next, err: err})
 }
 
 func (r *retry) run(msg *applyBatch) error {
+	r.first = msg.batch.Start
 	r.unrecorded = append(r.unrecorded[:0], msg.dead...)
 	// The delivery started when the batch was cut, usually while the batch
 	// before it was applied; safeApply waits for it before each attempt.
@@ -137,6 +150,32 @@ func (r *retry) run(msg *applyBatch) error {
 		}
 	}
 	return err
+}
+
+// batchOutcome names how a batch ended, for its span.
+func batchOutcome(err error) string {
+	switch {
+	case err == nil:
+		return tracing.BatchApplied
+	case store.IsOffsetConflict(err):
+		return tracing.BatchFenced
+	case isPanic(err):
+		return tracing.BatchPanicked
+	}
+	return tracing.BatchAbandoned
+}
+
+// txOutcome names how one transaction ended, for its span.
+func txOutcome(err error) string {
+	switch {
+	case err == nil:
+		return tracing.TxCommitted
+	case store.IsOffsetConflict(err):
+		return tracing.TxRefused
+	case store.IsCommitUnknown(err):
+		return tracing.TxCommitUnknown
+	}
+	return tracing.TxRolledBack
 }
 
 // apply applies b, retrying per the policy; attempts bounds unclassified
@@ -161,6 +200,17 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			r.observe(b, began)
 			return nil
 		}
+		if r.cfg.Claim == nil && store.IsCommitUnknown(err) {
+			// At-least-once: the COMMIT went unanswered and may have
+			// taken effect; nothing can tell, so applying the batch again,
+			// here or by the next owner, may count it twice. Say so, as a
+			// member that gives up a commit does (abandon), so every
+			// replay is announced; also when this actor is ending.
+			n := len(b.Records)
+			r.cfg.Metrics.UncommittedRecords.WithLabelValues(b.Topic).Add(float64(n))
+			r.cfg.Logger.Error("batch commit unanswered; applying it again may count it twice", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "replay", n, "err", err, r.span.LogAttr())...)
+		}
 		if r.ctx.Err() != nil {
 			return r.ctx.Err()
 		}
@@ -174,8 +224,8 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 				// An earlier attempt committed, but its answer was lost
 				// (the connection dropped during COMMIT): the store already
 				// holds exactly this batch, under our own epoch.
-				r.cfg.Logger.Info("batch was committed by an earlier attempt", "actor", "retry", "topic", b.Topic,
-					"partition", b.Partition, "offset", b.Start, "epoch", conflict.Epoch)
+				r.cfg.Logger.Info("batch was committed by an earlier attempt", batchFields(b.Topic, b.Partition, r.first,
+					"actor", "retry", "offset", b.Start, "epoch", conflict.Epoch, r.span.LogAttr())...)
 				r.unrecorded = r.unrecorded[:0]
 				r.observe(b, began)
 				return nil
@@ -193,18 +243,9 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			}
 			r.cfg.Progress.Retries.Add(1)
 			r.cfg.Metrics.Retries.WithLabelValues("transient").Inc()
-			r.cfg.Logger.Warn("transient failure, retrying", "actor", "retry", "topic", b.Topic,
-				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
-			if r.cfg.Claim == nil && store.IsCommitUnknown(err) {
-				// At-least-once: the COMMIT went unanswered and may have
-				// taken effect; nothing can tell, so applying the batch
-				// again may count it twice. Say so, as a member that gives
-				// up a commit does (abandon), so every replay is announced.
-				n := len(b.Records)
-				r.cfg.Metrics.UncommittedRecords.WithLabelValues(b.Topic).Add(float64(n))
-				r.cfg.Logger.Error("batch commit unanswered; applying it again may count it twice",
-					"actor", "retry", "topic", b.Topic, "partition", b.Partition, "offset", b.Start, "replay", n, "err", err)
-			}
+			r.span.Retry(attempt+1, "transient", err)
+			r.cfg.Logger.Warn("transient failure, retrying", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", err, r.span.LogAttr())...)
 		case store.IsPreparedStatementError(err):
 			// Configuration (a pooler and named prepared statements), not
 			// the data: never isolated or dead-lettered. Retried like an
@@ -215,16 +256,18 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			}
 			r.cfg.Progress.Retries.Add(1)
 			r.cfg.Metrics.Retries.WithLabelValues("config").Inc()
-			r.cfg.Logger.Error("batch refused by configuration, retrying", "actor", "retry", "topic", b.Topic,
-				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", store.Explain(err))
+			r.span.Retry(attempt+1, "config", err)
+			r.cfg.Logger.Error("batch refused by configuration, retrying", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", store.Explain(err), r.span.LogAttr())...)
 		case store.IsRecordError(err) || attempt+1 >= attempts:
 			r.cfg.Metrics.Retries.WithLabelValues("record").Inc()
 			return r.isolate(b, err, attempt+1)
 		default:
 			r.cfg.Metrics.Retries.WithLabelValues("unclassified").Inc()
 			r.cfg.Progress.Retries.Add(1)
-			r.cfg.Logger.Warn("batch failed, retrying", "actor", "retry", "topic", b.Topic,
-				"partition", b.Partition, "offset", b.Start, "attempt", attempt+1, "err", err)
+			r.span.Retry(attempt+1, "unclassified", err)
+			r.cfg.Logger.Warn("batch failed, retrying", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", err, r.span.LogAttr())...)
 		}
 		if err := sleep(r.ctx, r.cfg.Retry.Backoff(attempt)); err != nil {
 			return err
@@ -246,7 +289,7 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 		if !store.IsRecordError(cause) && attempts < r.cfg.Retry.MaxAttempts {
 			return r.apply(b, r.cfg.Retry.MaxAttempts)
 		}
-		if err := r.deadLetter(Letter{Record: b.Records[0], Reason: cause, Attempts: attempts}); err != nil {
+		if err := r.deadLetter(Letter{Record: b.Records[0], Reason: cause, Attempts: attempts, batchStart: r.first}); err != nil {
 			return err
 		}
 		b.Records = nil
@@ -254,6 +297,7 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 	}
 	m := len(b.Records) / 2
 	mid := b.Records[m].Offset
+	r.span.Bisect(b.Start, mid, b.Next, cause)
 	first := processor.Batch{Topic: b.Topic, Partition: b.Partition, Start: b.Start, Next: mid, Records: b.Records[:m]}
 	second := processor.Batch{Topic: b.Topic, Partition: b.Partition, Start: mid, Next: b.Next, Records: b.Records[m:]}
 	if err := r.apply(first, 1); err != nil {
@@ -262,15 +306,11 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 	return r.apply(second, 1)
 }
 
-// safeApply turns a processor panic into a *PanicError, so a panicking
-// record is isolated like any other bad record instead of killing the
-// batch's context.
-func (r *retry) safeApply(b processor.Batch) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
-		}
-	}()
+// safeApply waits for the batch's dead letters, then applies b in one
+// transaction (its span, when traced), a processor panic turned into a
+// *PanicError so a panicking record is isolated like any other bad record
+// instead of killing the batch's context.
+func (r *retry) safeApply(b processor.Batch) error {
 	if w := r.inFlight; w != nil {
 		// Nothing commits before the batch's dead letters are durable. The
 		// wait comes before the transaction, so no connection or row lock
@@ -280,6 +320,19 @@ func (r *retry) safeApply(b processor.Batch) (err error) {
 			return err
 		}
 	}
+	tx := r.span.StartTx(b.Start, b.Next, len(b.Records))
+	err := r.recovered(b)
+	tx.End(txOutcome(err), err)
+	return err
+}
+
+// recovered applies b, turning a processor panic into a *PanicError.
+func (r *retry) recovered(b processor.Batch) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
+		}
+	}()
 	return r.cfg.Applier.ApplyWith(r.ctx, b, r.cfg.Claim, store.ApplyOptions{Dead: r.unrecorded})
 }
 
@@ -293,7 +346,7 @@ func (r *retry) deadLetter(letters ...Letter) error {
 // rows join the next transaction, which must wait for the returned
 // delivery before it commits.
 func (r *retry) deadLetterAsync(letters []Letter) *dlqWait {
-	w, rows := sendDeadLetters(r.ctx, r.cfg, letters)
+	w, rows := sendDeadLetters(r.ctx, r.cfg, r.span, letters)
 	r.unrecorded = append(r.unrecorded, rows...)
 	return w
 }

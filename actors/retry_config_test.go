@@ -90,3 +90,43 @@ func TestUnansweredCommitIsAnnouncedAtLeastOnce(t *testing.T) {
 		t.Errorf("%d records dead-lettered for an unanswered COMMIT", n)
 	}
 }
+
+// blockedCommitApplier answers no batch until its context ends, and then
+// says the COMMIT's fate is unknown: a stop while the COMMIT waits for a
+// row lock.
+type blockedCommitApplier struct{ entered chan struct{} }
+
+func (a *blockedCommitApplier) ApplyWith(ctx context.Context, _ processor.Batch, _ *store.Claim, _ store.ApplyOptions) error {
+	select {
+	case a.entered <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return fmt.Errorf("commit: %w", &store.CommitUnknownError{Err: ctx.Err()})
+}
+
+// TestUnansweredCommitIsAnnouncedWhenStopping: the partition stops while a
+// batch's COMMIT is unanswered. The next owner reads the batch again, and
+// the server may still commit it: the replay is announced even though this
+// actor never retries.
+func TestUnansweredCommitIsAnnouncedWhenStopping(t *testing.T) {
+	app := &blockedCommitApplier{entered: make(chan struct{}, 1)}
+	sys, pid, cfg := startDecodingPartition(t, app, &countingDLQ{}, nil)
+	var msgs []*kafka.Message
+	for off := range int64(4) {
+		msgs = append(msgs, message(off, []byte{'a'}))
+	}
+	cfg.Held.Add(len(msgs), messagesBytes(msgs))
+	sys.Root.Send(pid, &Records{Msgs: msgs})
+	select {
+	case <-app.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batch was never applied")
+	}
+	if err := sys.Root.StopFuture(pid).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(cfg.Metrics.UncommittedRecords.WithLabelValues("events")); got != 4 {
+		t.Errorf("ratchet_uncommitted_records_total = %v, want 4 (the batch whose COMMIT went unanswered at the stop)", got)
+	}
+}

@@ -86,15 +86,25 @@ func committedOffsets(parts, res []kafka.TopicPartition, err error) ([]int64, []
 }
 
 // resumeAtLeastOnce decides where a partition starts in at-least-once
-// mode: Kafka's committed offset (-1: none), or what this instance applied
-// before its assignment was lost (applied, when lost is set) if that is
-// ahead; every record below the higher of the two was applied. A position
-// past the log end (high) or below the log start (low) starts at the log
-// start.
-func resumeAtLeastOnce(committed, applied int64, lost bool, low, high int64) position {
+// mode: Kafka's committed offset, or what this instance applied before its
+// assignment was lost (applied, when lost is set) if that is ahead; every
+// record below the higher of the two was applied. When Kafka answered that
+// the group has no committed offset (committed -1) and nothing was
+// applied, auto.offset.reset picks the log start or, for "latest", its end,
+// read from the bounds already looked up: the partition is always assigned
+// at an offset, so librdkafka never looks the position up again itself (a
+// second lookup that, when it fails, leaves the partition in a state every
+// later seek refuses). A position past the log end (high) or below the log
+// start (low) starts at the log start.
+func resumeAtLeastOnce(committed, applied int64, lost bool, low, high int64, reset string) position {
 	p := position{Start: committed}
-	if lost && applied > committed && applied <= high {
+	switch {
+	case lost && applied > committed && applied <= high:
 		p.Start, p.Resumed = applied, true
+	case committed < 0 && reset == "latest":
+		p.Start = high
+	case committed < 0:
+		p.Start = low
 	}
 	return p.clamp(low, high)
 }

@@ -57,24 +57,26 @@ func TestResumeAtLeastOnce(t *testing.T) {
 		committed, applied int64
 		lost               bool
 		low, high          int64
+		reset              string
 		want               position
 	}{
-		{"committed offset", 40, 0, false, 0, 100, position{Start: 40}},
-		{"nothing committed: auto.offset.reset", -1, 0, false, 0, 100, position{Start: -1}},
-		{"nothing committed, log start moved: auto.offset.reset", -1, 0, false, 20, 100, position{Start: -1}},
-		{"committed at the end", 100, 0, false, 0, 100, position{Start: 100}},
-		{"committed at the log start", 20, 0, false, 20, 100, position{Start: 20}},
-		{"committed past the end: topic recreated", 150, 0, false, 0, 100, position{Start: 0, PastEnd: true}},
-		{"committed below the log start: retention deleted records", 5, 0, false, 20, 100, position{Start: 20, Deleted: 15}},
-		{"lost, came back, applied ahead", 40, 70, true, 0, 100, position{Start: 70, Resumed: true}},
-		{"lost, the next owner committed further", 80, 70, true, 0, 100, position{Start: 80}},
-		{"lost, nothing committed", -1, 70, true, 0, 100, position{Start: 70, Resumed: true}},
-		{"lost, applied past a recreated log", 40, 170, true, 0, 100, position{Start: 40}},
-		{"lost, both past a recreated log", 150, 170, true, 0, 100, position{Start: 0, PastEnd: true}},
-		{"lost, applied below the log start", 5, 10, true, 20, 100, position{Start: 20, Resumed: true, Deleted: 10}},
+		{"committed offset", 40, 0, false, 0, 100, "earliest", position{Start: 40}},
+		{"nothing committed: earliest", -1, 0, false, 0, 100, "earliest", position{Start: 0}},
+		{"nothing committed, log start moved: earliest", -1, 0, false, 20, 100, "earliest", position{Start: 20}},
+		{"nothing committed: latest", -1, 0, false, 20, 100, "latest", position{Start: 100}},
+		{"committed at the end", 100, 0, false, 0, 100, "earliest", position{Start: 100}},
+		{"committed at the log start", 20, 0, false, 20, 100, "earliest", position{Start: 20}},
+		{"committed past the end: topic recreated", 150, 0, false, 0, 100, "earliest", position{Start: 0, PastEnd: true}},
+		{"committed below the log start: retention deleted records", 5, 0, false, 20, 100, "earliest", position{Start: 20, Deleted: 15}},
+		{"lost, came back, applied ahead", 40, 70, true, 0, 100, "earliest", position{Start: 70, Resumed: true}},
+		{"lost, the next owner committed further", 80, 70, true, 0, 100, "earliest", position{Start: 80}},
+		{"lost, nothing committed", -1, 70, true, 0, 100, "earliest", position{Start: 70, Resumed: true}},
+		{"lost, applied past a recreated log", 40, 170, true, 0, 100, "earliest", position{Start: 40}},
+		{"lost, both past a recreated log", 150, 170, true, 0, 100, "earliest", position{Start: 0, PastEnd: true}},
+		{"lost, applied below the log start", 5, 10, true, 20, 100, "earliest", position{Start: 20, Resumed: true, Deleted: 10}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := resumeAtLeastOnce(tc.committed, tc.applied, tc.lost, tc.low, tc.high); got != tc.want {
+			if got := resumeAtLeastOnce(tc.committed, tc.applied, tc.lost, tc.low, tc.high, tc.reset); got != tc.want {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})

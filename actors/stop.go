@@ -11,6 +11,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"ratchet/internal/metrics"
+	"ratchet/internal/tracing"
 )
 
 // stopReserve is the part of the stop's budget (DrainTimeout, from the
@@ -175,10 +176,24 @@ func (s *Supervisor) stop(began time.Time) {
 		s.publishUnclaimed()
 	}()
 	tps := s.heldTPs()
-	s.cfg.Logger.Info("stopping: draining partitions", "partitions", len(tps))
+	span := s.cfg.Tracer.Start("stop", s.trace.Ref())
+	span.Int("ratchet.partitions", int64(len(tps)))
+	outer := s.trace
+	s.trace = span
+	defer func() {
+		span.Bool("ratchet.committed", s.leftCommitted)
+		if !s.leftCommitted && len(tps) > 0 {
+			span.Fail(errors.New("offsets not committed before leaving"))
+		}
+		span.End(nil)
+		s.trace = outer
+	}()
+	s.cfg.Logger.Info("stopping: draining partitions", "partitions", len(tps), span.LogAttr())
 	s.pauseAll()
 	s.drain(tps, s.deadline, true)
+	span.Event("drained")
 	s.commitBeforeLeaving()
+	span.Event("commit ended")
 	// Close runs the revoke callback once more; it finds everything drained
 	// and committed, and may use the time Close has.
 	s.deadline = s.by(began.Add(s.cfg.DrainTimeout-reserve/2), reserve/2)
@@ -271,9 +286,9 @@ func (s *Supervisor) drain(tps []TopicPartition, deadline time.Time, polling boo
 // flush asks the committer to commit tps synchronously and waits for the
 // answer until deadline, or the stop's (by), whichever comes first: the
 // committer may be inside a commit to a broker that does not answer.
-func (s *Supervisor) flush(tps []TopicPartition, forget bool, deadline time.Time) (*Flushed, error) {
+func (s *Supervisor) flush(tps []TopicPartition, forget bool, deadline time.Time, parent tracing.Ref) (*Flushed, error) {
 	keep := stopReserve(s.cfg.DrainTimeout)
-	f := s.system.Root.RequestFuture(s.cfg.Committer, &Flush{TPs: tps, Forget: forget},
+	f := s.system.Root.RequestFuture(s.cfg.Committer, &Flush{TPs: tps, Forget: forget, Trace: parent},
 		max(time.Until(s.by(deadline, keep)), time.Millisecond))
 	var (
 		res  any
@@ -298,7 +313,7 @@ func (s *Supervisor) commitHeld() {
 		return
 	}
 	tps := s.heldTPs()
-	f, err := s.flush(tps, false, s.deadline)
+	f, err := s.flush(tps, false, s.deadline, s.trace.Ref())
 	if err != nil {
 		s.cfg.Logger.Info("commit after the rebalance did not answer in time", "err", err)
 		return
@@ -330,8 +345,8 @@ func (s *Supervisor) commitBeforeLeaving() {
 			done = make(chan struct{})
 		)
 		// The goroutine may outlive this step, and stop moves s.deadline on.
-		deadline := s.deadline
-		go func() { res, err = s.flush(tps, false, deadline); close(done) }() // ends by the deadline
+		deadline, parent := s.deadline, s.trace.Ref()
+		go func() { res, err = s.flush(tps, false, deadline, parent); close(done) }() // ends by the deadline
 		answered := s.pollUntil(s.deadline, func() bool {
 			select {
 			case <-done:

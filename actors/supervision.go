@@ -56,7 +56,7 @@ func (a *supervisorActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervis
 	var stack []byte
 	switch r := reason.(type) {
 	case *PanicError:
-		log, stack = log.With("offset", r.Offset), r.Stack
+		log, stack = log.With("offset", r.Offset, "first_offset", r.Offset), r.Stack
 	default:
 		stack = debug.Stack()
 		if rs, ok := message.(*Records); ok && len(rs.Msgs) > 0 {

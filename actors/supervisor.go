@@ -15,6 +15,7 @@ import (
 
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 )
 
 // ClaimFunc claims partitions for this instance in the offset store
@@ -81,6 +82,12 @@ type SupervisorConfig struct {
 	// ResetWatch, in exactly-once mode, brings an offsets reset to an idle
 	// partition (resetwatch.go); nil: off.
 	ResetWatch *ResetWatch
+	// DeadLetterLog writes the log lines about dead letters for every
+	// partition; nil: a line each.
+	DeadLetterLog *DeadLetterLog
+	// Tracer makes the spans of batches, stops, revokes and claims; nil:
+	// off.
+	Tracer *tracing.Tracer
 }
 
 // Supervisor owns the Kafka consumer and its poll loop, and is the parent of
@@ -114,8 +121,11 @@ type Supervisor struct {
 	idleSince      time.Time
 	idleWarned     bool
 	downSince      time.Time // first all-brokers-down since the last record
-	lastSnap       time.Time
-	lastRecs       map[TopicPartition]int64
+	// trace is the lifecycle span under way (a stop, a revoke), the
+	// parent of the spans it leads to; the zero Span when none.
+	trace    tracing.Span
+	lastSnap time.Time
+	lastRecs map[TopicPartition]int64
 
 	// Backpressure (budget.go). budget counts what partition actors hold;
 	// roundShared is what this round of the poll loop read beyond the

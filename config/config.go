@@ -45,6 +45,7 @@ type Config struct {
 	Startup        Startup
 	Log            Log
 	SchemaRegistry SchemaRegistry
+	Tracing        Tracing
 	// Pipelines (pipelines, file only) are processors declared in
 	// configuration; when there are any, ratchet run applies them instead
 	// of the built-in dashboard.
@@ -199,11 +200,36 @@ type SchemaRegistry struct {
 	Password Secret
 }
 
+// Tracing is the tracing section. Where spans go, how many are sampled
+// and the service's name come from the standard OTEL_* variables
+// (internal/tracing/otlp); this section only switches tracing on.
+type Tracing struct {
+	// Enabled (tracing.enabled) exports OpenTelemetry traces; off, nothing
+	// is recorded or exported.
+	Enabled bool
+}
+
 // Log is the log section.
 type Log struct {
 	Level  string // log.level: debug, info, warn or error
 	Format string // log.format: json or text
+	// DeadLetters (log.dead_letters) is how dead letters are logged:
+	// DeadLettersEach (a line per record), DeadLettersSummary (the first of
+	// a topic and reason in full, then a count per DeadLetterInterval) or
+	// DeadLettersOff. The DLQ record and the metrics keep every detail
+	// whatever it says.
+	DeadLetters string
+	// DeadLetterInterval (log.dead_letter_interval) is the shortest time
+	// between two summary lines of one topic and reason.
+	DeadLetterInterval time.Duration
 }
+
+// Dead-letter logging modes (log.dead_letters).
+const (
+	DeadLettersEach    = "each"
+	DeadLettersSummary = "summary"
+	DeadLettersOff     = "off"
+)
 
 // Default returns the configuration with every default of DESIGN.md. Each
 // call returns fresh maps and slices.
@@ -231,7 +257,8 @@ func Default() Config {
 		HTTP:        HTTP{Addr: "127.0.0.1:8080"},
 		Shutdown:    Shutdown{Timeout: 30 * time.Second},
 		Startup:     Startup{Timeout: 5 * time.Minute},
-		Log:         Log{Level: "info", Format: "json"},
+		Log: Log{Level: "info", Format: "json", DeadLetters: DeadLettersSummary,
+			DeadLetterInterval: 30 * time.Second},
 	}
 }
 
@@ -360,6 +387,15 @@ func setText(p any, s string) error {
 		*p = SecretURL(s)
 	case *Secret:
 		*p = Secret(s)
+	case *bool:
+		switch strings.ToLower(s) {
+		case "true":
+			*p = true
+		case "false":
+			*p = false
+		default:
+			return fmt.Errorf("true or false")
+		}
 	case *int:
 		v, err := strconv.Atoi(s)
 		if err != nil {
@@ -465,6 +501,8 @@ func show(p any) string {
 		return p.String()
 	case *Secret:
 		return p.String()
+	case *bool:
+		return strconv.FormatBool(*p)
 	case *int:
 		return strconv.Itoa(*p)
 	case *ByteSize:

@@ -81,9 +81,12 @@ func TestDefaults(t *testing.T) {
 		{"startup.timeout", cfg.Startup.Timeout, 5 * time.Minute},
 		{"log.level", cfg.Log.Level, "info"},
 		{"log.format", cfg.Log.Format, "json"},
+		{"log.dead_letters", cfg.Log.DeadLetters, "summary"},
+		{"log.dead_letter_interval", cfg.Log.DeadLetterInterval, 30 * time.Second},
 		{"schema_registry.url", cfg.SchemaRegistry.URL.Reveal(), ""},
 		{"schema_registry.username", cfg.SchemaRegistry.Username.Reveal(), ""},
 		{"schema_registry.password", cfg.SchemaRegistry.Password.Reveal(), ""},
+		{"tracing.enabled", cfg.Tracing.Enabled, false},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -150,6 +153,8 @@ startup:
 log:
   level: debug
   format: text
+  dead_letters: each
+  dead_letter_interval: 1m
 schema_registry:
   url: https://registry:8081
   username: key
@@ -171,7 +176,7 @@ schema_registry:
 		HTTP:           HTTP{Addr: "127.0.0.1:0"},
 		Shutdown:       Shutdown{Timeout: 5 * time.Second},
 		Startup:        Startup{Timeout: 0},
-		Log:            Log{Level: "debug", Format: "text"},
+		Log:            Log{Level: "debug", Format: "text", DeadLetters: "each", DeadLetterInterval: time.Minute},
 		SchemaRegistry: SchemaRegistry{URL: "https://registry:8081", Username: "key", Password: "secret"},
 	}
 	if !reflect.DeepEqual(got, want) {

@@ -53,9 +53,12 @@ var keys = []key{
 	{"startup.timeout", "how long a start retries an unreachable PostgreSQL or Kafka (WARN per attempt, /readyz 503) before exit 1 naming it; 0: forever", func(c *Config) any { return &c.Startup.Timeout }},
 	{"log.level", "debug, info, warn or error", func(c *Config) any { return &c.Log.Level }},
 	{"log.format", "json or text", func(c *Config) any { return &c.Log.Format }},
+	{"log.dead_letters", "how dead letters are logged: each (a WARN line per record), summary (the first of each topic and reason in full, then one line per topic and reason at most every log.dead_letter_interval with the count and the offsets) or off; the DLQ record and the metrics keep every detail (docs/operations.md, Logs)", func(c *Config) any { return &c.Log.DeadLetters }},
+	{"log.dead_letter_interval", "shortest time between two summary lines of one topic and reason (log.dead_letters summary)", func(c *Config) any { return &c.Log.DeadLetterInterval }},
 	{"schema_registry.url", "Confluent Schema Registry, http(s)://host:port; when set, protobuf and json values are in its wire format (magic byte, schema id) and schema ids are looked up there; empty: off", func(c *Config) any { return &c.SchemaRegistry.URL }},
 	{"schema_registry.username", "basic-auth user of the registry (e.g. an API key); never printed", func(c *Config) any { return &c.SchemaRegistry.Username }},
 	{"schema_registry.password", "basic-auth password of the registry (e.g. an API secret); never printed", func(c *Config) any { return &c.SchemaRegistry.Password }},
+	{"tracing.enabled", "export OpenTelemetry traces (a span per batch, its transaction, dead letters, commits, stops and rebalances); where to and how many come from the standard OTEL_* variables (docs/operations.md, Tracing); false: nothing is recorded or exported", func(c *Config) any { return &c.Tracing.Enabled }},
 }
 
 // env returns the environment variable of k: RATCHET_ and the key in upper

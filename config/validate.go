@@ -181,6 +181,8 @@ func (c Config) Validate() error {
 	}
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "json", "text")
+	v.oneOf("log.dead_letters", c.Log.DeadLetters, DeadLettersEach, DeadLettersSummary, DeadLettersOff)
+	v.durRange("log.dead_letter_interval", c.Log.DeadLetterInterval, time.Second, 24*time.Hour)
 	return v.err()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -319,4 +320,103 @@ func TestExactlyOnceStartPosition(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNoCommittedOffsetNeedsNoSecondLookup: at-least-once, the group has no
+// committed offset and Kafka says so at the assignment; every later
+// committed-offset lookup (OffsetFetch) fails, as while the group
+// coordinator moves. The partition starts at once at the log start that
+// auto_offset_reset earliest names, read with the answer it already has:
+// all records applied once. Before, it was assigned at "the committed
+// offset", which librdkafka looked up again itself, and nothing was
+// applied while that lookup failed.
+func TestNoCommittedOffsetNeedsNoSecondLookup(t *testing.T) {
+	const end = 60
+	cluster, addr := testenv.Kafka(t, 1, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	produceEvents(t, addr, end)
+	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	// The first lookup after the group's SyncGroup (the engine's, at the
+	// assignment) answers; those after it fail.
+	var synced atomic.Bool
+	var first atomic.Pointer[kmsg.OffsetFetchRequest]
+	cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.SyncGroup}, Observe: true, Count: -1,
+		When: func(kmsg.Request) bool { synced.Store(true); return true }})
+	fetch := cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Group: cfg.Kafka.GroupID, Count: -1,
+		When: func(req kmsg.Request) bool { // may be asked more than once for one request
+			if !synced.Load() {
+				return false
+			}
+			r := req.(*kmsg.OffsetFetchRequest)
+			return !first.CompareAndSwap(nil, r) && first.Load() != r
+		}})
+	logs := &testenv.Buffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("engine log:\n%s", logs.String())
+		}
+	})
+	r := runWithLogs(t, cfg, ledger{"a"}, prometheus.NewRegistry(), logs)
+	testenv.Eventually(t, 30*time.Second, func() bool { return count(t, pool, `SELECT count(*) FROM test_ledger`) >= end },
+		"the records applied while later committed-offset lookups fail")
+	fetch.Remove()
+	assertAppliedFrom(t, pool, 0, end)
+	r.Stop(t)
+	assertCommittedAtEnd(t, cluster, cfg.Kafka.GroupID)
+}
+
+// TestHeldPartitionGivenUpAndBackIsConsumed: a partition held paused for
+// its claim is revoked (a second member joins), and comes back to the
+// first member once the second leaves. librdkafka keeps a partition's pause
+// across a reassignment, so unless the hold's pause is given back with the
+// partition, it returns paused and is never fetched again.
+func TestHeldPartitionGivenUpAndBackIsConsumed(t *testing.T) {
+	const n = 40
+	cluster, addr := testenv.Kafka(t, 2, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	pr := newProducer(t, addr)
+	g := &gen{}
+	send := func() {
+		events := make([]*ratchetv1.Event, n)
+		for i := range events {
+			events[i] = g.next()
+		}
+		pr.send(t, events)
+	}
+	send()
+	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	cfg.Retry.InitialBackoff = 100 * time.Millisecond
+	cfg.Retry.MaxBackoff = 500 * time.Millisecond
+	list := cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ListOffsets}, Topic: topic, Count: -1})
+
+	aLogs, bLogs := &testenv.Buffer{}, &testenv.Buffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("member a:\n%s\nmember b:\n%s", aLogs.String(), bLogs.String())
+		}
+	})
+	held := `"msg":"cannot claim partition; holding it paused and retrying"`
+	a := startWith(t, cfg, engine.Options{Processor: ledger{"a"}, Owner: "a"}, testenv.Log{To: aLogs, JSON: true})
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return len(aLogs.Lines(held+`,"owner":"a","topic":"events","partition":0`)) > 0 &&
+			len(aLogs.Lines(held+`,"owner":"a","topic":"events","partition":1`)) > 0
+	}, "member a holding both partitions")
+	b := startWith(t, cfg, engine.Options{Processor: ledger{"b"}, Owner: "b"}, testenv.Log{To: bLogs, JSON: true})
+	testenv.Eventually(t, 60*time.Second, func() bool { return len(bLogs.Lines(held)) > 0 },
+		"member b holding the partition a gave up")
+	list.Remove()
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		return count(t, pool, `SELECT count(DISTINCT (partition, off)) FROM test_ledger`) == n
+	}, "the first records applied once the claims succeed")
+	b.Stop(t)
+	send()
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		return count(t, pool, `SELECT count(DISTINCT (partition, off)) FROM test_ledger`) == 2*n
+	}, "member a consuming both partitions after b left: %d of the later records applied",
+		count(t, pool, `SELECT count(DISTINCT (partition, off)) FROM test_ledger`)-n)
+	a.Stop(t)
 }

@@ -10,6 +10,7 @@ import (
 	"ratchet/internal/event"
 	"ratchet/internal/metrics"
 	"ratchet/internal/schemareg"
+	"ratchet/internal/tracing/otlp"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
 	"ratchet/processor/pipeline"
@@ -31,7 +32,15 @@ func Check(cfg config.Config, opts Options) error {
 	if opts.Processor == nil {
 		opts.Processor = dashboard.New()
 	}
-	return checkFormats(cfg, opts)
+	if err := checkFormats(cfg, opts); err != nil {
+		return err
+	}
+	if cfg.Tracing.Enabled && opts.TracerProvider == nil {
+		if _, err := otlp.Read(opts.getenv()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkFormats refuses, as a configuration error (exit code 2), a topic

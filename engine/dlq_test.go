@@ -2,9 +2,11 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"ratchet/config"
+	"ratchet/engine"
 	"ratchet/internal/event"
 	"ratchet/internal/produce"
 	"ratchet/internal/testenv"
@@ -327,4 +330,61 @@ func TestDLQUnavailableBlocksThePartition(t *testing.T) {
 	r.Stop(t)
 	assertLedgerExactlyOnce(t, pool, int64(n-len(poison)))
 	assertDLQHoldsExactly(t, got, poison)
+}
+
+// TestDeadLetterLogAccountsForEveryLetter: with the default
+// log.dead_letters (summary), poison records are a few lines, not a line
+// each: one in full per reason class and summaries, the last ones written
+// at the stop, whose counts with the full lines add up to every record in
+// the dead-letter topic.
+func TestDeadLetterLogAccountsForEveryLetter(t *testing.T) {
+	const n = 4_000
+	cluster, addr := testenv.Kafka(t, 4, topic)
+	dbURL := testenv.Postgres(t)
+	pool := openPool(t, dbURL)
+	createLedger(t, pool)
+	recs := generate(n, 0.05)
+	newProducer(t, addr).sendRaw(t, recs)
+	poison := 0
+	for _, r := range recs {
+		if r.id == "" {
+			poison++
+		}
+	}
+	cfg := testConfig(t, addr, dbURL, config.ModeExactlyOnce)
+	if cfg.Log.DeadLetters != config.DeadLettersSummary {
+		t.Fatalf("log.dead_letters defaults to %q, want summary", cfg.Log.DeadLetters)
+	}
+	var logs testenv.Buffer
+	r := startWith(t, cfg, engine.Options{Processor: ledger{"a"}, Owner: "a"}, testenv.Log{To: &logs, JSON: true})
+	waitApplied(t, pool, int64(n-poison))
+	got := readDLQ(t, cluster, addr, cfg.Kafka.DLQTopic(topic), poison)
+	r.Stop(t)
+
+	full, summaries, accounted := 0, 0, 0
+	for line := range strings.Lines(logs.String()) {
+		var l struct {
+			Msg    string `json:"msg"`
+			Count  int    `json:"count"`
+			Reason string `json:"reason"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil {
+			continue
+		}
+		switch l.Msg {
+		case "dead letter":
+			full++
+			accounted++
+		case "dead letters":
+			summaries++
+			accounted += l.Count
+		}
+	}
+	if accounted != len(got) {
+		t.Errorf("the log accounts for %d dead letters (%d in full, %d summaries), the DLQ holds %d", accounted, full, summaries, len(got))
+	}
+	if full+summaries > 10 {
+		t.Errorf("%d lines about %d dead letters, want a few per reason class", full+summaries, len(got))
+	}
+	t.Logf("%d dead letters: %d lines in full, %d summaries", len(got), full, summaries)
 }

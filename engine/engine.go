@@ -24,12 +24,16 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"ratchet/actors"
 	"ratchet/config"
 	"ratchet/internal/kafkaclient"
 	"ratchet/internal/metrics"
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
+	"ratchet/internal/tracing/otlp"
 	"ratchet/internal/web"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
@@ -54,6 +58,25 @@ type Options struct {
 	// message types): it gets the raw value and sets Record.Decoded. A value
 	// it refuses goes to the dead-letter topic with its error as the reason.
 	Decoder processor.Decoder
+	// Clock times the dead-letter log's summaries; nil means the real
+	// time (tests move one by hand).
+	Clock actors.Clock
+	// TracerProvider, when set, receives the spans in place of the OTLP
+	// exporter that tracing.enabled sets up from the OTEL_* variables
+	// (tests hand in an SDK provider with an in-memory recorder). Spans
+	// are made only with tracing.enabled.
+	TracerProvider trace.TracerProvider
+	// Getenv reads the OTEL_* variables ratchet interprets itself (the
+	// protocol, the sampler); nil means os.Getenv. The OTLP exporter reads
+	// its own (endpoint, headers, TLS) from the process environment.
+	Getenv func(string) string
+}
+
+func (o Options) getenv() func(string) string {
+	if o.Getenv != nil {
+		return o.Getenv
+	}
+	return os.Getenv
 }
 
 // Run runs the engine until ctx is done and returns nil after a clean stop.
@@ -63,6 +86,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 	err = e.run(ctx)
+	e.stopTracing()
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped while starting (waiting for PostgreSQL or Kafka,
 		// migrations, topic checks): a clean stop, nothing was consumed yet.
@@ -80,6 +104,12 @@ type engine struct {
 	m    *metrics.Metrics
 	// decoders returns a new partition's value decoder (see newDecoders).
 	decoders func(topic string) actors.ValueDecoder
+	// tracer makes the spans, nil with tracing off; sdk is the provider
+	// the engine set up for it (nil when none or handed in), which
+	// stopTracing flushes by stopBy, the stop's deadline.
+	tracer *tracing.Tracer
+	sdk    *sdktrace.TracerProvider
+	stopBy func() time.Time
 	// pipelines are the configured pipelines, nil without; run binds them
 	// to the database and makes them the processor.
 	pipelines *pipeline.Set
@@ -122,7 +152,51 @@ func newEngine(cfg config.Config, opts Options) (*engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &engine{cfg: cfg, opts: opts, log: opts.Logger, reg: reg, m: m, decoders: decoders, pipelines: pipelines}, nil
+	e := &engine{cfg: cfg, opts: opts, log: opts.Logger, reg: reg, m: m, decoders: decoders, pipelines: pipelines,
+		stopBy: func() time.Time { return time.Now().Add(cfg.Shutdown.Timeout) }}
+	if err := e.startTracing(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// startTracing sets up tracing when tracing.enabled: the provider handed
+// in, or an OTLP exporter configured by the OTEL_* variables, whose bad
+// values are configuration errors (exit code 2) found before anything is
+// connected.
+func (e *engine) startTracing() error {
+	if !e.cfg.Tracing.Enabled {
+		return nil
+	}
+	tp := e.opts.TracerProvider
+	if tp == nil {
+		s, err := otlp.Read(e.opts.getenv())
+		if err != nil {
+			return err
+		}
+		sdk, err := otlp.New(context.Background(), s)
+		if err != nil {
+			return err
+		}
+		e.sdk, tp = sdk, sdk
+		otlp.LogErrors(e.log)
+		e.log.Info("tracing on", "protocol", s.Protocol, "sampler", s.SamplerName, "ratio", s.Ratio)
+	}
+	e.tracer = tracing.New(tp, tracing.Options{Group: e.cfg.Kafka.GroupID})
+	return nil
+}
+
+// stopTracing flushes the spans still queued and stops the exporter the
+// engine set up, by the stop's deadline.
+func (e *engine) stopTracing() {
+	if e.sdk == nil {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), e.stopBy())
+	defer cancel()
+	if err := e.sdk.Shutdown(ctx); err != nil {
+		e.log.Warn("trace export did not finish by the stop's deadline", "err", err)
+	}
 }
 
 func (e *engine) run(ctx context.Context) error {
@@ -223,6 +297,7 @@ func (e *engine) run(ctx context.Context) error {
 		return time.Now().Add(cfg.Shutdown.Timeout)
 	}
 	closeBy = flushBy
+	e.stopBy = flushBy
 	var consumer atomic.Pointer[kafka.Consumer]
 	committer, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewCommitter(actors.CommitterConfig{
 		Kafka: func() actors.OffsetCommitter {
@@ -234,6 +309,7 @@ func (e *engine) run(ctx context.Context) error {
 		Interval: cfg.Commit.Interval,
 		Metrics:  e.m,
 		Logger:   e.log,
+		Tracer:   e.tracer,
 	})), "committer")
 	if err != nil {
 		return fmt.Errorf("spawn committer: %w", err)
@@ -293,6 +369,15 @@ func (e *engine) run(ctx context.Context) error {
 			return err
 		}
 	}
+	// The dead-letter log's last summaries are written once the
+	// supervisor stopped its partitions (below, before "engine stopped"),
+	// or, when the start ends early, by this defer: every dead letter
+	// counted is in the log. A letter of a partition that outlives the
+	// stop is logged in full (Close).
+	deadLetterLog := actors.NewDeadLetterLog(actors.DeadLetterLogConfig{Mode: cfg.Log.DeadLetters,
+		Interval: cfg.Log.DeadLetterInterval, Logger: e.log, Clock: e.opts.Clock})
+	defer deadLetterLog.Close()
+	wg.Go(func() { deadLetterLog.Run(httpCtx) }) // ends with the HTTP server, after the supervisor stopped
 	dlq, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewDLQ(actors.DLQConfig{
 		Producer: producer, Topic: cfg.Kafka.DLQTopic, Logger: e.log, FlushBy: flushBy,
 		Backoff: actors.RetryPolicy{InitialBackoff: cfg.Retry.InitialBackoff, MaxBackoff: cfg.Retry.MaxBackoff},
@@ -363,6 +448,8 @@ func (e *engine) run(ctx context.Context) error {
 		Metrics:          e.m,
 		Logger:           e.log,
 		ResetWatch:       resetWatch,
+		DeadLetterLog:    deadLetterLog,
+		Tracer:           e.tracer,
 	})
 
 	// From here the page and the probes read the running engine.
@@ -385,6 +472,7 @@ func (e *engine) run(ctx context.Context) error {
 			all = append(all, err)
 		}
 	}
+	deadLetterLog.Close()
 	e.log.Info("engine stopped")
 	return errors.Join(all...)
 }

@@ -5,7 +5,8 @@
 # backlog; BENCH_FLAGS passes anything else to bench/cmd/benchrun (e.g.
 # -only-scale -scale-events 200000: the partition-count section alone;
 # -only-exec-mode with BENCH_EVENTS=200000: the query exec mode section alone;
-# -only-pipelines with BENCH_EVENTS=300000: the configured-pipelines section alone).
+# -only-pipelines with BENCH_EVENTS=300000: the configured-pipelines section alone;
+# -only-tracing with BENCH_EVENTS=200000: the tracing section alone).
 GO              ?= go
 BENCH_EVENTS    ?= 1000000
 BENCH_MEM_LARGE ?= 2000000

@@ -53,6 +53,9 @@ const (
 	// BrokerFail fails the broker requests of one Request kind for
 	// Duration with a retriable error.
 	BrokerFail Kind = "broker-fail"
+	// BrokerSlow holds each broker request of one Request kind for Delay
+	// before the broker answers it, for Duration.
+	BrokerSlow Kind = "broker-slow"
 	// RegistryOutage makes the Schema Registry answer 503 for Duration
 	// (runs whose topic is in the registry's wire format only): a member
 	// that starts meanwhile has no schema cached and must wait, not
@@ -63,7 +66,7 @@ const (
 	Reset Kind = "offsets-reset"
 )
 
-// Request kinds a BrokerFail fault hits.
+// Request kinds a BrokerFail or BrokerSlow fault hits.
 const (
 	RequestFetch     = "fetch"
 	RequestCommit    = "commit"
@@ -86,8 +89,8 @@ type Fault struct {
 	Kind     Kind
 	Target   int           // member index, for member faults
 	Duration time.Duration // how long the fault lasts (0: instant)
-	Delay    time.Duration // PostgresSlow: added per round trip
-	Request  string        // BrokerFail: which requests fail
+	Delay    time.Duration // PostgresSlow: added per round trip; BrokerSlow: per request
+	Request  string        // BrokerFail, BrokerSlow: which requests
 	// Partition and Shift: Reset moves Partition back by Shift records.
 	Partition int32
 	Shift     int64
@@ -113,6 +116,8 @@ func (f Fault) String() string {
 		fmt.Fprintf(&b, " +%s per round trip for %s", f.Delay, f.Duration.Round(time.Millisecond))
 	case BrokerFail:
 		fmt.Fprintf(&b, " %s requests for %s", f.Request, f.Duration.Round(time.Millisecond))
+	case BrokerSlow:
+		fmt.Fprintf(&b, " %s requests +%s each for %s", f.Request, f.Delay, f.Duration.Round(time.Millisecond))
 	case Reset:
 		fmt.Fprintf(&b, " partition %d back by %d", f.Partition, f.Shift)
 	}
@@ -329,6 +334,16 @@ func Plan(seed uint64, load time.Duration) Schedule {
 	// Drawn last, so that adding it kept the faults of every seed.
 	if rng.IntN(3) == 0 {
 		s.PanicEvery = 2000 + 1000*rng.IntN(4)
+	}
+	// Half the broker faults delay the requests instead of failing them,
+	// drawn from a stream of their own so that adding it kept every other
+	// draw of every seed.
+	slow := rand.New(rand.NewPCG(seed, 0x736c6f7762726f6b)) // "slowbrok"
+	for i, f := range s.Faults {
+		if f.Kind == BrokerFail && slow.IntN(2) == 0 {
+			s.Faults[i].Kind = BrokerSlow
+			s.Faults[i].Delay = time.Duration(100+slow.IntN(1900)) * time.Millisecond
+		}
 	}
 	return s
 }

@@ -86,6 +86,10 @@ func TestPlanKeepsItsRules(t *testing.T) {
 				if f.Request == "" {
 					t.Errorf("seed %d: %s names no request", seed, f)
 				}
+			case BrokerSlow:
+				if f.Request == "" || f.Delay < 100*time.Millisecond || f.Delay >= 2*time.Second {
+					t.Errorf("seed %d: %s", seed, f)
+				}
 			}
 		}
 		if alive < 2 {
@@ -95,7 +99,7 @@ func TestPlanKeepsItsRules(t *testing.T) {
 			t.Errorf("seed %d: last fault end %s before the last start %s", seed, s.LastFaultEnd(), last)
 		}
 	}
-	for _, k := range []Kind{Kill, Term, Pause, ScaleUp, ScaleDown, PostgresCut, PostgresSlow, PostgresLock, PostgresTerminate, BrokerFail, Reset, RegistryOutage} {
+	for _, k := range []Kind{Kill, Term, Pause, ScaleUp, ScaleDown, PostgresCut, PostgresSlow, PostgresLock, PostgresTerminate, BrokerFail, BrokerSlow, Reset, RegistryOutage} {
 		if kinds[k] == 0 {
 			t.Errorf("500 seeds never drew a %s fault", k)
 		}

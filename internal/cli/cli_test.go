@@ -31,6 +31,9 @@ func TestBadConfigurationExitsTwoNamingTheKey(t *testing.T) {
 		{"dashboard on raw", []string{"RATCHET_KAFKA_FORMAT=raw"}, `kafka.format: "raw" is not allowed (allowed: protobuf or json: the dashboard processor reads ratchet.v1.Event`},
 		{"dashboard on a raw topic", []string{"RATCHET_KAFKA_TOPICS=a,b", "RATCHET_KAFKA_TOPIC_FORMATS=b=raw"}, `kafka.topic_formats.b: "raw" is not allowed`},
 		{"registry url", []string{"RATCHET_SCHEMA_REGISTRY_URL=registry:8081"}, "schema_registry.url (RATCHET_SCHEMA_REGISTRY_URL)"},
+		{"tracing switch", []string{"RATCHET_TRACING_ENABLED=yes"}, `tracing.enabled (RATCHET_TRACING_ENABLED): "yes" is not allowed (allowed: true or false)`},
+		{"trace protocol", []string{"RATCHET_TRACING_ENABLED=true", "OTEL_EXPORTER_OTLP_PROTOCOL=http/json"}, `OTEL_EXPORTER_OTLP_PROTOCOL: "http/json" is not allowed`},
+		{"trace sampler", []string{"RATCHET_TRACING_ENABLED=true", "OTEL_TRACES_SAMPLER=half"}, `OTEL_TRACES_SAMPLER: "half" is not allowed`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

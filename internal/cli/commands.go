@@ -34,13 +34,13 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := engine.Check(cfg, engine.Options{Processor: e.opts.Processor}); err != nil {
+	if err := engine.Check(cfg, engine.Options{Processor: e.opts.Processor, Getenv: e.getenv}); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, cfg, false)
 	setMemoryLimit(e, cfg, log)
 	log.Info("ratchet starting", "version", version(), "config", cfg)
-	return engine.Run(ctx, cfg, engine.Options{Logger: log, Processor: e.opts.Processor})
+	return engine.Run(ctx, cfg, engine.Options{Logger: log, Processor: e.opts.Processor, Getenv: e.getenv})
 }
 
 func devCmd(ctx context.Context, e *env, args []string) error {
@@ -61,7 +61,7 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 	if *partitions < 1 {
 		return usagef("dev: -partitions must be at least 1")
 	}
-	if err := engine.Check(cfg, engine.Options{}); err != nil {
+	if err := engine.Check(cfg, engine.Options{Getenv: e.getenv}); err != nil {
 		return err
 	}
 	log := newLogger(e.stderr, cfg, true)
@@ -77,6 +77,13 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 	cfg.Kafka.Brokers = []string{b.Addr()}
 	log.Info("embedded broker listening", "addr", b.Addr(), "topics", topics, "partitions", *partitions)
 
+	// The demo producer's spans start the traces the engine continues:
+	// producer → batch → transaction.
+	tracer, stopTracer, err := startTracer(e, cfg, log.With("component", "producer"))
+	if err != nil {
+		return err
+	}
+	defer stopTracer()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	produced := make(chan error, 1)
@@ -84,10 +91,11 @@ func devCmd(ctx context.Context, e *env, args []string) error {
 		_, err := produce.Run(ctx, produce.Options{
 			Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.Topics[0], Rate: *rate, PoisonFraction: *poison,
 			Format: cfg.FormatFor(cfg.Kafka.Topics[0]), TimeSpread: *spread, Seed: time.Now().UnixNano(),
+			Tracer: tracer,
 		}, log.With("component", "producer"))
 		produced <- err
 	}()
-	err = engine.Run(ctx, cfg, engine.Options{Logger: log, OnListening: func(addr string) {
+	err = engine.Run(ctx, cfg, engine.Options{Logger: log, Getenv: e.getenv, OnListening: func(addr string) {
 		fmt.Fprintf(e.stdout, "\n  ratchet dev is running: open http://%s/ (Ctrl-C stops)\n\n", addr)
 	}})
 	cancel()
@@ -182,6 +190,12 @@ func produceCmd(ctx context.Context, e *env, args []string) error {
 		o.Seed = time.Now().UnixNano()
 	}
 	log := newLogger(e.stderr, cfg, false)
+	tracer, stopTracer, err := startTracer(e, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracer()
+	o.Tracer = tracer
 	if cfg.SchemaRegistry.URL != "" {
 		frame, id, err := schemareg.RegisterEvent(cfg.SchemaRegistry, o.Topic, o.Format)
 		if err != nil {

@@ -25,6 +25,7 @@ import (
 	"ratchet/config"
 	"ratchet/internal/kafkaclient"
 	"ratchet/internal/store"
+	"ratchet/internal/tracing"
 )
 
 // HeaderReplayedFrom marks a record that `ratchet dlq replay` re-produced:
@@ -393,6 +394,7 @@ func reasonClass(reason string) string { return batchPrefix.ReplaceAllString(one
 
 // replayOptions is a parsed `ratchet dlq replay` command line.
 type replayOptions struct {
+	tracer     *tracing.Tracer // --execute with tracing.enabled; nil: no spans
 	config     string
 	topic      string
 	toTopic    string // "": each dead letter's source topic
@@ -496,6 +498,14 @@ func dlqReplayCmd(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if o.execute {
+		tracer, stop, err := startTracer(e, cfg, newLogger(e.stderr, cfg, false))
+		if err != nil {
+			return err
+		}
+		defer stop()
+		o.tracer = tracer
+	}
 	_, err = replay(ctx, e.stdout, cfg, o, nil)
 	return err
 }
@@ -548,7 +558,12 @@ func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions
 		}
 		defer p.Close()
 	}
-	r := &replayer{w: w, k: k, p: p, pool: pool, all: all, o: o, group: cfg.Kafka.GroupID, n: &n, interrupt: interrupt}
+	r := &replayer{w: w, k: k, p: p, pool: pool, all: all, o: o, group: cfg.Kafka.GroupID, n: &n, interrupt: interrupt,
+		tracer: o.tracer}
+	if o.execute {
+		r.run = o.tracer.Start("dlq replay", tracing.Ref{})
+		defer func() { r.run.End(nil) }()
+	}
 	for _, t := range topics {
 		parts, ok := all[t]
 		if !ok {
@@ -617,6 +632,10 @@ type replayer struct {
 	group     string
 	n         *replayCounts
 	interrupt func() bool
+	// tracer sends each replayed record under a span linking to its dead
+	// letter's context, children of run; nil: no spans.
+	tracer *tracing.Tracer
+	run    tracing.Span
 }
 
 // replayPlan is what a run does to one dead-letter topic; a dry run
@@ -892,10 +911,25 @@ func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 		return err
 	}
 	deliveries := make(chan kafka.Event, len(letters))
+	spans := map[*deadLetter]tracing.Send{}
+	defer func() {
+		for _, s := range spans {
+			s.End(errors.New("no delivery report"))
+		}
+	}()
 	for i, d := range letters {
 		t := rs[i].ToTopic
 		headers := append(slices.Clip(d.Headers), kafka.Header{Key: HeaderReplayedFrom, Value: []byte(d.where())},
 			kafka.Header{Key: actors.HeaderReplayGroup, Value: []byte(r.group)})
+		if r.tracer != nil {
+			// The replayed record's span links to the dead letter's (the
+			// `send <dlq topic>` span of the batch that refused it), and
+			// the record carries the replay's context from here on.
+			s := r.tracer.StartSend(r.run.Ref(), t, d.Headers)
+			s.String("ratchet.replayed_from", d.where())
+			headers = s.Inject(headers)
+			spans[d] = s
+		}
 		m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: rs[i].ToPartition},
 			Key: d.Key, Value: d.Value, Headers: headers, Timestamp: d.Timestamp, Opaque: d}
 		for {
@@ -924,6 +958,10 @@ func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 			continue
 		}
 		d := m.Opaque.(*deadLetter)
+		if s, ok := spans[d]; ok {
+			s.End(m.TopicPartition.Error)
+			delete(spans, d)
+		}
 		if m.TopicPartition.Error != nil {
 			errs = append(errs, fmt.Errorf("replay %s: %w", d.where(), m.TopicPartition.Error))
 			continue

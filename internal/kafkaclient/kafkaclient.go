@@ -117,7 +117,7 @@ func NewConsumer(o ConsumerOptions, log *slog.Logger) (*kafka.Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new kafka consumer: %w", err)
 	}
-	go forwardLogs(c.Logs(), log.With("client", "consumer"))
+	go ForwardLogs(c.Logs(), log.With("client", "consumer"))
 	return c, nil
 }
 
@@ -153,7 +153,7 @@ func NewProducer(brokers []string, props map[string]string, log *slog.Logger) (*
 	if err != nil {
 		return nil, fmt.Errorf("new kafka producer: %w", err)
 	}
-	go forwardLogs(p.Logs(), log.With("client", "producer"))
+	go ForwardLogs(p.Logs(), log.With("client", "producer"))
 	return p, nil
 }
 
@@ -225,24 +225,61 @@ func without(props map[string]string, drop map[string]bool) map[string]string {
 	return out
 }
 
-// forwardLogs drains ch until it is closed. librdkafka blocks on a full logs
-// channel, so it must always be drained.
-func forwardLogs(ch chan kafka.LogEvent, log *slog.Logger) {
+// ForwardLogs writes librdkafka's log lines from ch to log, at LogLevel,
+// until ch is closed (the client's Close closes it). librdkafka blocks on
+// a full logs channel, so it must always be drained: run it on a goroutine
+// of its own for the client's whole life.
+func ForwardLogs(ch chan kafka.LogEvent, log *slog.Logger) {
 	for ev := range ch {
-		level := slog.LevelDebug
-		switch {
-		case ev.Level <= 3: // emerg, alert, crit, err
-			level = slog.LevelError
-		case ev.Level == 4: // warning
-			level = slog.LevelWarn
-		case ev.Level <= 6: // notice, info
-			level = slog.LevelInfo
-		}
-		// Connection errors are reported again through Poll as kafka.Error,
-		// where the supervisor decides what they mean; keep them at warn.
-		if level == slog.LevelError && (ev.Tag == "FAIL" || ev.Tag == "ERROR") {
-			level = slog.LevelWarn
-		}
-		log.Log(context.Background(), level, "librdkafka", "tag", ev.Tag, "name", ev.Name, "message", ev.Message)
+		log.Log(context.Background(), LogLevel(ev), "librdkafka", "tag", ev.Tag, "name", ev.Name, "message", ev.Message)
 	}
+}
+
+// LogLevel is the slog level of one librdkafka log line: by its syslog
+// level, errors (0-3) at error, warnings (4) at warn, notices and
+// information (5, 6) at info, debug (7) at debug; with two exceptions:
+//
+//   - connection failures (tags FAIL and ERROR) are at warn, not error:
+//     librdkafka reconnects by itself, and Poll reports them again as
+//     kafka.Error, where the supervisor decides what they mean;
+//   - a notice or information line in quiet says nothing an operator
+//     can act on and goes to debug. Warnings and errors never do.
+func LogLevel(ev kafka.LogEvent) slog.Level {
+	switch {
+	case ev.Level <= 3: // emerg, alert, crit, err
+		if ev.Tag == "FAIL" || ev.Tag == "ERROR" {
+			return slog.LevelWarn
+		}
+		return slog.LevelError
+	case ev.Level == 4: // warning
+		return slog.LevelWarn
+	case ev.Level <= 6: // notice, info
+		if isQuiet(ev) {
+			return slog.LevelDebug
+		}
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
+
+// quiet lists librdkafka's notice and information lines that say nothing
+// an operator can act on, by tag (facility) and a part of the message;
+// an empty tag matches every tag, an empty part every message.
+var quiet = []struct{ tag, part string }{
+	// KIP-714 client telemetry: "Telemetry client instance id changed
+	// from AAAAAAAAAAAAAAAAAAAAAA to ..." at every start of every client,
+	// from brokers that support telemetry subscriptions (kfake does).
+	{"GETSUBSCRIPTIONS", ""},
+	{"PUSHTELEMETRY", ""},
+	{"TELEMETRY", ""},
+	{"", "Telemetry client instance id changed"},
+}
+
+func isQuiet(ev kafka.LogEvent) bool {
+	for _, q := range quiet {
+		if (q.tag == "" || ev.Tag == q.tag) && strings.Contains(ev.Message, q.part) {
+			return true
+		}
+	}
+	return false
 }

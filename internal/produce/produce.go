@@ -20,6 +20,7 @@ import (
 
 	"ratchet/internal/event"
 	"ratchet/internal/kafkaclient"
+	"ratchet/internal/tracing"
 )
 
 // drainTimeout bounds the final flush when Run stops because ctx is done:
@@ -60,6 +61,10 @@ type Options struct {
 	// it to make event times, and so the rollup buckets, deterministic too.
 	// It does not affect the pacing of Run.
 	Now func() time.Time
+	// Tracer, when set, sends each record under a `send <topic>` span
+	// whose context the record carries in its `traceparent` header; nil:
+	// no spans, no header.
+	Tracer *tracing.Tracer
 }
 
 // validate reports every problem in o at once.
@@ -154,7 +159,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) (Stats, error) {
 	logsDone := make(chan struct{})
 	go func() {
 		defer close(logsDone)
-		forwardLogs(p.Logs(), log)
+		kafkaclient.ForwardLogs(p.Logs(), log.With("client", "producer"))
 	}()
 
 	// The delivery goroutine owns stats and firstErr until reports is
@@ -262,7 +267,14 @@ func send(ctx context.Context, p *kafka.Producer, opts Options) (int64, error) {
 			if poison {
 				msg.Opaque = poisonTag
 			}
-			if err := produceOne(ctx, p, msg); err != nil {
+			var span tracing.Send
+			if opts.Tracer != nil {
+				span = opts.Tracer.StartSend(tracing.Ref{}, topic, nil)
+				msg.Headers = span.Inject(msg.Headers)
+			}
+			err := produceOne(ctx, p, msg)
+			span.End(err) // the span covers the hand-over to the client, not the delivery
+			if err != nil {
 				if ctx.Err() != nil {
 					return sent, nil
 				}
@@ -316,18 +328,4 @@ func finish(ctx context.Context, p *kafka.Producer) int {
 		p.Flush(1000)
 	}
 	return left
-}
-
-// forwardLogs writes librdkafka's log lines to log until ch is closed.
-func forwardLogs(ch chan kafka.LogEvent, log *slog.Logger) {
-	for ev := range ch {
-		level := slog.LevelDebug
-		switch {
-		case ev.Level <= 4: // emerg … warning; connection failures land here
-			level = slog.LevelWarn
-		case ev.Level == 5: // notice
-			level = slog.LevelInfo
-		}
-		log.Log(context.Background(), level, "librdkafka", "client", "producer", "tag", ev.Tag, "message", ev.Message)
-	}
 }

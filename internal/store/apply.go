@@ -197,6 +197,23 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 		_, commitErr = br.Exec()
 	}
 	closeErr := br.Close()
+	// The whole batch, COMMIT included, was written in one go: an answer
+	// lost to the connection (a cut, a terminated backend, a cancelled
+	// context) at any step leaves the COMMIT's fate unknown. The server
+	// may still run it, say once a lock it waits for is released, and
+	// only the server's own error answer says it rolled back.
+	for _, step := range []struct {
+		what string
+		err  error
+	}{{"begin", beginErr}, {"set synchronous_commit", setErr}, {"record dead letters", deadErr},
+		{"advance offset", advErr}, {"deferred statements", deferredErr}, {"commit", commitErr}, {"commit", closeErr}} {
+		if step.err != nil {
+			if commitFateUnknown(step.err) {
+				return fmt.Errorf("%s, COMMIT unanswered: %w", step.what, &CommitUnknownError{Err: step.err})
+			}
+			break
+		}
+	}
 	var pgErr *pgconn.PgError
 	switch {
 	case beginErr != nil:
@@ -303,6 +320,16 @@ type CommitUnknownError struct{ Err error }
 
 func (e *CommitUnknownError) Error() string { return e.Err.Error() }
 func (e *CommitUnknownError) Unwrap() error { return e.Err }
+
+// commitFateUnknown reports whether err, met reading the answers to a
+// batch whose COMMIT was queued with it, leaves the COMMIT's fate unknown:
+// anything but the server's own error answer (after which it aborts the
+// transaction and answers the COMMIT with a rollback), unless nothing at
+// all reached the server.
+func commitFateUnknown(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err)
+}
 
 // IsCommitUnknown reports whether err is a batch whose COMMIT may or may not
 // have taken effect.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"ratchet/internal/store"
+	"ratchet/internal/testenv"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
 	"ratchet/processor/dashboard"
@@ -478,4 +480,59 @@ func TestAsyncCommitOnlyInExactlyOnce(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&session); err != nil || session != "on" {
 		t.Errorf("a pooled connection has synchronous_commit %q (%v), want on", session, err)
 	}
+}
+
+// TestUnansweredPipelinedCommitIsUnknown cuts the connection while the
+// batch's deferred write waits for a row lock. Its COMMIT was sent in the
+// same round trip, so the server commits it once the lock is released,
+// though no answer ever reaches ratchet: whatever step the lost answer
+// belonged to, Apply must report the COMMIT's fate as unknown, never as a
+// failure to retry as if nothing had been written.
+func TestUnansweredPipelinedCommitIsUnknown(t *testing.T) {
+	ctx := testCtx(t)
+	db := testenv.Postgres(t)
+	direct := openPool(t, db, 4)
+	if err := store.Migrate(ctx, direct); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.New(direct, dashboard.New()).Apply(ctx, batch(0, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	proxied := openPool(t, u.String(), 1)
+
+	locker, err := direct.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(context.WithoutCancel(ctx))
+	if _, err := locker.Exec(ctx, `SELECT * FROM dashboard_rollups FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- store.New(proxied, dashboard.New()).Apply(ctx, batch(1, 5), nil) }()
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		var waiting int
+		err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, "the batch's deferred write never waited for the locked row")
+	proxy.Cut()
+	err = <-done
+	if !store.IsCommitUnknown(err) {
+		t.Fatalf("Apply after the connection dropped mid-batch = %v, want a COMMIT of unknown fate", err)
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The scenario is real: the server ran the COMMIT it had received.
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		got := rollups(t, direct)
+		return len(got) == 1 && got[0].Count == 5
+	}, "the server never committed the batch whose answer was lost: %+v", rollups(t, direct))
 }

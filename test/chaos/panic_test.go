@@ -63,6 +63,7 @@ func TestPanickyProcessor(t *testing.T) {
 		"RATCHET_KAFKA_BROKERS=" + addr, "RATCHET_POSTGRES_URL=" + dbURL,
 		"RATCHET_COMMIT_MODE=" + chaos.ExactlyOnce, "RATCHET_COMMIT_INTERVAL=" + commitInterval.String(),
 		"RATCHET_RETRY_MAX_BACKOFF=2s", "RATCHET_LOG_LEVEL=info", "RATCHET_KAFKA_INSTANCE_ID=",
+		"RATCHET_LOG_DEAD_LETTERS=each", // readPanicLogs reads every dead letter's line
 		"RATCHET_SUPERVISION_MAX_RESTARTS=100",
 		"RATCHET_KAFKA_PROPERTIES=session.timeout.ms=6000,heartbeat.interval.ms=500",
 		chaos.EnvPanicEvery + "=" + strconv.FormatUint(choice.Every, 10),

@@ -3,7 +3,6 @@ package faults
 import (
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"ratchet/config"
+	"ratchet/internal/testenv"
 )
 
 // TestSoak runs the engine at a moderate rate with a chaos event every 30 s
@@ -118,13 +118,8 @@ type proc struct {
 
 func (h *harness) startProcess() *proc {
 	h.t.Helper()
-	bin := filepath.Join(h.t.TempDir(), "ratchet")
-	build := exec.Command("go", "build", "-o", bin, "ratchet/cmd/ratchet")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		h.t.Fatalf("build: %v", err)
-	}
-	port := freePort(h.t)
+	bin := testenv.BuildRatchet(h.t, "")
+	port := testenv.FreePort(h.t)
 	cmd := exec.Command(bin, "run")
 	cmd.Env = append(os.Environ(), "RATCHET_KAFKA_BROKERS="+h.addr, "RATCHET_POSTGRES_URL="+h.cfg.Postgres.URL.Reveal(),
 		"RATCHET_KAFKA_GROUP_ID="+h.cfg.Kafka.GroupID, "RATCHET_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port),
@@ -194,14 +189,4 @@ func (p *proc) sample(t *testing.T) sample {
 		}
 	}
 	return s
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

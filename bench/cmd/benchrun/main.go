@@ -93,6 +93,8 @@ type options struct {
 	onlyScale   bool
 	// The query exec mode section (execmode.go).
 	onlyExecMode bool
+	// The tracing section (tracing.go).
+	onlyTracing bool
 	// The configured-pipelines section (pipelines.go).
 	onlyPipelines  bool
 	pipelineOrders int64
@@ -122,6 +124,7 @@ func run(ctx context.Context) error {
 	flag.StringVar(&o.scaleParts, "scale-partitions", "12,256,1024", "partition counts of the drains (g), the first the baseline, the last also for peak RSS and idle CPU")
 	flag.BoolVar(&o.onlyScale, "only-scale", false, "run the partition-count section alone (to develop it; the table then has its rows only)")
 	flag.BoolVar(&o.onlyExecMode, "only-exec-mode", false, "run the query exec mode section (h) alone on a -events backlog (the table then has its rows only)")
+	flag.BoolVar(&o.onlyTracing, "only-tracing", false, "run the tracing section (i) alone on a -events backlog (the table then has its rows only)")
 	flag.BoolVar(&o.onlyPipelines, "only-pipelines", false, "run the configured-pipelines section (j) alone on a -events backlog (the table then has its rows only)")
 	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (j)")
 	flag.Parse()
@@ -147,7 +150,8 @@ func run(ctx context.Context) error {
 	rep.machine = machineInfo()
 
 	rwTopics := []string{"rw-naive", "rw-naive-commit", "rw-ratchet"}
-	topics := []string{"events", "events.dlq", "poison", "poison.dlq", "lat", "lat.dlq", "mem-s", "mem-s.dlq", "mem-l", "mem-l.dlq"}
+	topics := []string{"events", "events.dlq", "poison", "poison.dlq", "lat", "lat.dlq", "mem-s", "mem-s.dlq", "mem-l", "mem-l.dlq",
+		tracedTopic, tracedTopic + ".dlq"}
 	topics = append(topics, rwTopics...)
 	topics = append(topics, pipelineTopics...)
 	brokerLog, err := os.Create(filepath.Join(o.outDir, "broker.log"))
@@ -178,6 +182,12 @@ func run(ctx context.Context) error {
 	}
 	if o.onlyScale {
 		if rep.scale, err = runScale(ctx, env, o, scaleParts, say, quiet); err != nil {
+			return err
+		}
+		return rep.write(began, say)
+	}
+	if o.onlyTracing {
+		if rep.tracing, err = runTracing(ctx, env, o.events, o.rounds, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -372,7 +382,12 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	// 5c. Configured pipelines (issue 25): the dashboard as a pipeline
+	// 5c. Tracing (issue 26): off, on at 100 % and at 1 % sampling.
+	if rep.tracing, err = runTracing(ctx, env, o.events, o.rounds, say); err != nil {
+		return err
+	}
+
+	// 5d. Configured pipelines (issue 25): the dashboard as a pipeline
 	// against the built-in one, and upsert pipelines on JSON and Avro.
 	if rep.pipelines, err = runPipelines(ctx, env, o.events, o.pipelineOrders, o.rounds, say); err != nil {
 		return err
