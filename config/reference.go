@@ -84,7 +84,7 @@ func lookup(name string) (key, bool) {
 }
 
 // Reference documents every key, in a stable order (the order of the
-// README table), with its default rendered from Default so the
+// table in docs/configuration.md), with its default rendered from Default so the
 // documentation cannot drift from the code.
 func Reference() []KeyDoc {
 	d := Default()
@@ -99,8 +99,8 @@ func Reference() []KeyDoc {
 	return out
 }
 
-// ReferenceMarkdown renders Reference as the Markdown table the README
-// embeds between <!-- config-reference:begin --> and
+// ReferenceMarkdown renders Reference as the Markdown table
+// docs/configuration.md embeds between <!-- config-reference:begin --> and
 // <!-- config-reference:end -->.
 func ReferenceMarkdown() string {
 	var b strings.Builder

@@ -7,24 +7,26 @@ import (
 	"testing"
 )
 
-// TestReadmeConfigReference keeps the README's configuration table equal
+// TestConfigReferenceDoc keeps the configuration table of
+// docs/configuration.md (the full list of keys the README points to) equal
 // to ReferenceMarkdown. When it fails, paste the printed table between the
 // markers.
-func TestReadmeConfigReference(t *testing.T) {
+func TestConfigReferenceDoc(t *testing.T) {
 	const begin, end = "<!-- config-reference:begin -->\n", "<!-- config-reference:end -->"
 	want := ReferenceMarkdown()
-	raw, err := os.ReadFile("../README.md")
+	const doc = "docs/configuration.md"
+	raw, err := os.ReadFile("../" + doc)
 	if err != nil {
-		t.Fatalf("read README.md: %v\nit must contain, between the lines %q and %q:\n%s", err, strings.TrimSpace(begin), end, want)
+		t.Fatalf("read %s: %v\nit must contain, between the lines %q and %q:\n%s", doc, err, strings.TrimSpace(begin), end, want)
 	}
 	s := string(raw)
 	i := strings.Index(s, begin)
 	j := strings.Index(s, end)
 	if i < 0 || j < i {
-		t.Fatalf("README.md has no %q ... %q section; it must contain, between those lines:\n%s", strings.TrimSpace(begin), end, want)
+		t.Fatalf("%s has no %q ... %q section; it must contain, between those lines:\n%s", doc, strings.TrimSpace(begin), end, want)
 	}
 	if got := s[i+len(begin) : j]; got != want {
-		t.Errorf("the configuration reference in README.md is out of date; replace the lines between the markers with:\n%s", want)
+		t.Errorf("the configuration reference in %s is out of date; replace the lines between the markers with:\n%s", doc, want)
 	}
 }
 

@@ -146,7 +146,15 @@ type Schedule struct {
 	// Registry: the topic is in the Schema Registry's wire format (magic
 	// byte, schema id) and the members decode it through a registry.
 	Registry bool
-	Load     time.Duration // how long the producer runs
+	// Pipelines: the members run configured pipelines instead of the
+	// built-in processor: the dashboard as a pipeline on the event topic,
+	// and an upsert and a rollup on a second, JSON topic whose records
+	// include bad ones (not JSON, a missing field, a wrong type, values
+	// PostgreSQL refuses for their column). Drawn only where PanicEvery
+	// is 0: the panicking build wraps the built-in processor, and a
+	// processor of the program's own excludes pipelines.
+	Pipelines bool
+	Load      time.Duration // how long the producer runs
 	// SessionTimeout is the members' session.timeout.ms.
 	SessionTimeout time.Duration
 	// ShutdownTimeout is the members' shutdown.timeout.
@@ -190,6 +198,9 @@ func (s Schedule) String() string {
 		s.Seed, s.Mode, s.Partitions, format, s.Rate, s.Load, s.Poison*100, s.SessionTimeout, s.ShutdownTimeout)
 	if s.PanicEvery > 0 {
 		fmt.Fprintf(&b, "  the processor panics once per process on one event in %d\n", s.PanicEvery)
+	}
+	if s.Pipelines {
+		fmt.Fprintf(&b, "  pipelines: the dashboard as a pipeline, and an upsert and a rollup on the JSON topic with bad records\n")
 	}
 	for i, m := range s.Members {
 		kind := "dynamic"
@@ -345,5 +356,9 @@ func Plan(seed uint64, load time.Duration) Schedule {
 			s.Faults[i].Delay = time.Duration(100+slow.IntN(1900)) * time.Millisecond
 		}
 	}
+	// Pipelines in about half the runs without planned panics, from a
+	// stream of their own for the same reason.
+	pipes := rand.New(rand.NewPCG(seed, 0x7069706573212121)) // "pipes!!!"
+	s.Pipelines = s.PanicEvery == 0 && pipes.IntN(2) == 0
 	return s
 }

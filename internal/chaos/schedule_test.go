@@ -140,3 +140,30 @@ func TestPauseLongerAndShorterThanTheSession(t *testing.T) {
 		t.Errorf("pauses: %d shorter than the session timeout, %d longer; want both", short, long)
 	}
 }
+
+// TestPipelinesDrawnWithoutPanics: pipeline runs come in both commit modes
+// and both value framings, never where the panicking build would wrap the
+// built-in processor (a processor of the program's own excludes them).
+func TestPipelinesDrawnWithoutPanics(t *testing.T) {
+	drawn := map[string]int{}
+	for seed := range uint64(500) {
+		s := Plan(seed, 90*time.Second)
+		if !s.Pipelines {
+			continue
+		}
+		if s.PanicEvery > 0 {
+			t.Errorf("seed %d: pipelines with planned panics", seed)
+		}
+		drawn[s.Mode]++
+		if s.Registry {
+			drawn["registry"]++
+		} else {
+			drawn["plain"]++
+		}
+	}
+	for _, k := range []string{ExactlyOnce, AtLeastOnce, "registry", "plain"} {
+		if drawn[k] == 0 {
+			t.Errorf("500 seeds never drew pipelines with %s (drawn: %v)", k, drawn)
+		}
+	}
+}

@@ -3,7 +3,9 @@
 // `ratchet run` processes — static and dynamic members of one group, a
 // test broker (kfake) with request faults, PostgreSQL behind a proxy that
 // cuts and slows connections — while a producer writes at a steady rate
-// with 1 % poison, and checks the invariants after the run. A failure
+// with 1 % poison, and checks the invariants after the run. Some seeds run
+// configured pipelines instead of the built-in processor, with a second,
+// JSON topic of bad records beside the events (pipelines_test.go). A failure
 // prints the seed, the schedule, what happened when, the invariant broken
 // with its numbers and where the logs are; CHAOS_SEED=N replays it.
 //
@@ -170,6 +172,12 @@ type run struct {
 	violations []string
 	delivered  []rec
 	failedSend int
+	// configPath is the members' configuration file in a pipeline run
+	// (empty otherwise); orders are the JSON records delivered to its
+	// second topic (pipelines_test.go).
+	configPath   string
+	orders       []order
+	failedOrders int
 	// extra counts, per partition and offset, the times an offsets reset
 	// made a record due once more (exactly-once: it is applied again).
 	extra map[int32]map[int64]int
@@ -211,7 +219,11 @@ func explore(t *testing.T, bin string, s chaos.Schedule) {
 		t.Fatal(err)
 	}
 	r := &run{t: t, s: s, bin: bin, dir: dir, extra: map[int32]map[int64]int{}, lastGroupReq: map[string]groupReq{}}
-	r.cluster, r.addr = testenv.Kafka(t, s.Partitions, topic, dlqTopic)
+	topics := []string{topic, dlqTopic}
+	if s.Pipelines {
+		topics = append(topics, ordersTopic, ordersDLQ)
+	}
+	r.cluster, r.addr = testenv.Kafka(t, s.Partitions, topics...)
 	r.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.JoinGroup, kmsg.SyncGroup, kmsg.Heartbeat, kmsg.LeaveGroup},
 		Observe: true, Count: -1, When: r.observeGroup})
 	r.dbURL = testenv.Postgres(t)
@@ -229,6 +241,9 @@ func explore(t *testing.T, bin string, s chaos.Schedule) {
 	}
 	t.Cleanup(r.pool.Close)
 	t.Cleanup(func() { r.report(t) })
+	if s.Pipelines {
+		r.setUpPipelines()
+	}
 
 	r.start = time.Now()
 	for i, m := range s.Members {
@@ -246,6 +261,9 @@ func explore(t *testing.T, bin string, s chaos.Schedule) {
 	watched.Go(func() { r.watchCommits(watching) }) // ends when watching is closed, after the final stop
 	defer func() { close(watching); watched.Wait() }()
 	wg.Go(r.produce)
+	if s.Pipelines {
+		wg.Go(r.produceOrders)
+	}
 	for _, f := range s.Faults {
 		wg.Go(func() { r.inject(f) })
 	}
@@ -320,7 +338,11 @@ func (r *run) startMember(m *member) {
 	m.incarnation++
 	m.stopping = false
 	name := fmt.Sprintf("m%d-%d", m.idx, m.incarnation)
-	p := testenv.StartProcess(r.t, r.bin, testenv.ProcessOptions{Name: name, Env: r.env(m), LogDir: r.dir, HTTP: true})
+	var args []string
+	if r.configPath != "" {
+		args = []string{"run", "--config", r.configPath}
+	}
+	p := testenv.StartProcess(r.t, r.bin, testenv.ProcessOptions{Name: name, Args: args, Env: r.env(m), LogDir: r.dir, HTTP: true})
 	m.proc = p
 	r.note("start %s (pid %d)", name, p.Pid())
 	go func() { // ends when the process exits
@@ -584,14 +606,20 @@ func groupMembers(info *kfake.GroupInfo) []string {
 func (r *run) silentLoss() {
 	var span int64
 	info := r.cluster.GroupInfo(group)
-	for _, p := range r.cluster.PartitionInfos(topic) {
-		from := p.LogStartOffset
-		if info != nil {
-			if c, ok := info.Commits[topic][p.Partition]; ok {
-				from = c.Offset
+	topics := []string{topic}
+	if r.s.Pipelines {
+		topics = append(topics, ordersTopic)
+	}
+	for _, t := range topics {
+		for _, p := range r.cluster.PartitionInfos(t) {
+			from := p.LogStartOffset
+			if info != nil {
+				if c, ok := info.Commits[t][p.Partition]; ok {
+					from = c.Offset
+				}
 			}
+			span += max(0, p.HighWatermark-from)
 		}
-		span += max(0, p.HighWatermark-from)
 	}
 	r.mu.Lock()
 	r.silentLosses++
@@ -767,7 +795,7 @@ func (r *run) waitApplied(bound time.Duration) bool {
 	deadline := time.Now().Add(bound)
 	for time.Now().Before(deadline) {
 		got, err := r.rollups()
-		if err == nil && covered(want, got, false) && r.dlqSize() >= int64(wantDead) {
+		if err == nil && covered(want, got, false) && r.dlqSize() >= int64(wantDead) && (!r.s.Pipelines || r.ordersCaughtUp()) {
 			return true
 		}
 		time.Sleep(250 * time.Millisecond) // polling the database for the condition
@@ -987,6 +1015,9 @@ func (r *run) check() {
 		}
 	}
 	r.checkDLQ(dead)
+	if r.s.Pipelines {
+		r.checkPipelines()
+	}
 	if exact {
 		r.checkDeadLetterRows(dead)
 		r.checkCommitted()
@@ -1113,7 +1144,7 @@ func (r *run) checkDLQ(dead map[[2]int64]int) {
 		r.violate("dead-letter topic holds %d records that are not poison: %v", len(extra), first(extra, 10))
 	}
 	if len(repeated) > 0 {
-		// The dead-letter topic is at-least-once (README, Known limits): a
+		// The dead-letter topic is at-least-once (docs/guarantees.md): a
 		// batch whose transaction is refused or lost after its dead
 		// letters were delivered writes them again when it is applied
 		// again. ratchet_dead_letters still records each once.

@@ -1,6 +1,7 @@
 // Command panicky is ratchet for the chaos explorer: the real command line
 // (internal/cli), with the built-in dashboard processor wrapped so that it
-// panics on chosen records. Otherwise it behaves exactly like ratchet.
+// panics on chosen records. Otherwise it behaves exactly like ratchet; with
+// neither variable set it is ratchet, pipelines included.
 //
 //	RATCHET_CHAOS_PANIC_EVERY=N    panic once per process on every record
 //	                               whose event id hashes to 0 mod N; the
@@ -27,6 +28,12 @@ func main() {
 		fmt.Fprintf(os.Stderr, "ratchet: %v\n", err)
 		os.Exit(cli.ExitConfig)
 	}
-	os.Exit(cli.MainWith(os.Args[1:], environ, os.Stdout, os.Stderr,
-		cli.Options{Processor: chaos.Panicky(dashboard.New(), choice)}))
+	var opts cli.Options
+	if choice != (chaos.PanicChoice{}) {
+		// Only a build that panics brings a processor of its own: one that
+		// does not is plain ratchet, so it can run configured pipelines
+		// (which a processor of the program's own excludes).
+		opts.Processor = chaos.Panicky(dashboard.New(), choice)
+	}
+	os.Exit(cli.MainWith(os.Args[1:], environ, os.Stdout, os.Stderr, opts))
 }
