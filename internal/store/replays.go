@@ -248,20 +248,28 @@ func LockReplays(ctx context.Context, pool *pgxpool.Pool, dlqTopic, owner string
 	var holder string
 	var until time.Time
 	sent := time.Now()
-	err := pool.QueryRow(ctx, `
+	// A claim answered after the holder's deadline would be a lease
+	// already lost: the claim waits no longer than that.
+	cctx, cancel := context.WithDeadline(ctx, sent.Add(ttl-replayLeaseMargin(ttl)))
+	defer cancel()
+	err := pool.QueryRow(cctx, `
 INSERT INTO ratchet_replay_leases AS l (dlq_topic, owner, expires_at)
 VALUES ($1, $2, now() + $3 * interval '1 millisecond')
 ON CONFLICT (dlq_topic) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
 WHERE l.expires_at < now() OR l.owner = EXCLUDED.owner
 RETURNING owner, expires_at`, dlqTopic, owner, ttl.Milliseconds()).Scan(&holder, &until)
 	if errors.Is(err, pgx.ErrNoRows) {
-		if err := pool.QueryRow(ctx, `SELECT owner, expires_at FROM ratchet_replay_leases WHERE dlq_topic = $1`,
+		if err := pool.QueryRow(cctx, `SELECT owner, expires_at FROM ratchet_replay_leases WHERE dlq_topic = $1`,
 			dlqTopic).Scan(&holder, &until); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
 		}
 		return nil, fmt.Errorf("%s: %w (%s, lease until %s)", dlqTopic, ErrReplayRunning, holder, until.UTC().Format(time.RFC3339))
 	}
 	if err != nil {
+		if ctx.Err() == nil && cctx.Err() != nil {
+			return nil, fmt.Errorf("lock replays of %s: not answered within %v, before the lease would have to be given up: %w",
+				dlqTopic, ttl-replayLeaseMargin(ttl), err)
+		}
 		return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
 	}
 	l := newReplayLease(dlqTopic, owner, ttl, sent, nil)

@@ -167,6 +167,39 @@ func TestReplayLeaseLostBeforeTakenWhenCut(t *testing.T) {
 	}
 }
 
+// TestReplayLeaseClaimBoundedByItsDeadline: a claim the database answers
+// later than the holder's deadline would be worth nothing: LockReplays
+// gives up by then with an error that says so, instead of waiting for the
+// answer.
+func TestReplayLeaseClaimBoundedByItsDeadline(t *testing.T) {
+	defer func(d time.Duration) { store.ReplayLeaseTTL = d }(store.ReplayLeaseTTL)
+	store.ReplayLeaseTTL = 3 * time.Second
+	ctx := testCtx(t)
+	direct := migratedPool(t)
+	u, err := url.Parse(direct.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	slow := openPool(t, u.String(), 1)
+	if err := slow.Ping(ctx); err != nil { // connected before the link slows
+		t.Fatal(err)
+	}
+	proxy.Delay(2 * time.Second) // each way: a round trip of 4 s
+	start := time.Now()
+	l, err := store.LockReplays(ctx, slow, "events.dlq", "a")
+	took := time.Since(start)
+	if err == nil {
+		_ = l.Release(ctx)
+		t.Fatalf("a claim answered after %v (the holder's deadline is %v) returned a lease", took.Round(time.Millisecond),
+			store.ReplayLeaseTTL*4/5)
+	}
+	if !strings.Contains(err.Error(), "not answered within") || took > store.ReplayLeaseTTL {
+		t.Errorf("after %v: %v, want an error naming the claim's bound within the lease's TTL", took.Round(time.Millisecond), err)
+	}
+}
+
 func leaseExpiry(tb testing.TB, pool *pgxpool.Pool, topic string) time.Time {
 	tb.Helper()
 	var at time.Time
