@@ -922,7 +922,7 @@ func (r *replayer) held(ctx context.Context) error {
 // ratchet.replayed_from). Once the lease is lost no delivery report is
 // recorded or counted: those rows stay pending, and the next run searches
 // for them.
-func (r *replayer) letters(ctx context.Context, letters []*deadLetter) (err error) {
+func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 	type tp struct {
 		topic string
 		part  int32
