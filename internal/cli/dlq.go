@@ -519,8 +519,7 @@ var errUnresolved = errors.New("some pending replays could not be resolved; run 
 // replay runs `ratchet dlq replay`. interrupt, when set, is asked after
 // each delivery report and before it is recorded; true ends the run there,
 // as a kill at the worst moment would (tests).
-func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions, interrupt func() bool) (replayCounts, error) {
-	var n replayCounts
+func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions, interrupt func() bool) (n replayCounts, runErr error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	k, err := openKafka(cfg, cfg.Kafka.GroupID)
@@ -562,7 +561,7 @@ func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions
 		tracer: o.tracer}
 	if o.execute {
 		r.run = o.tracer.Start("dlq replay", tracing.Ref{})
-		defer func() { r.run.End(nil) }()
+		defer func() { r.run.End(runErr) }() // a run that failed is an error span
 	}
 	for _, t := range topics {
 		parts, ok := all[t]

@@ -12,10 +12,14 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"ratchet/config"
 	"ratchet/internal/store"
 	"ratchet/internal/testenv"
+	"ratchet/internal/tracing"
 )
 
 // TestReplayStopsBeforeItsLeaseIsTaken: run A's link to PostgreSQL is cut
@@ -75,6 +79,10 @@ func TestReplayStopsBeforeItsLeaseIsTaken(t *testing.T) {
 	u.Host = proxy.Addr()
 	a := *o
 	a.db = u.String()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tr := tracing.New(tp, tracing.Options{})
 	aCtx, cancelA := context.WithCancel(context.Background())
 	t.Cleanup(cancelA)
 	type result struct {
@@ -88,7 +96,7 @@ func TestReplayStopsBeforeItsLeaseIsTaken(t *testing.T) {
 	t.Cleanup(func() { replayStopped = nil })
 	var aOut bytes.Buffer
 	go func() { // ends when A's run returns (at the latest with cancelA)
-		n, err := replay(aCtx, &aOut, a.config(t), replayOptions{execute: true}, nil)
+		n, err := replay(aCtx, &aOut, a.config(t), replayOptions{execute: true, tracer: tr}, nil)
 		done <- result{n, err, time.Now()}
 	}()
 	select {
@@ -124,6 +132,19 @@ func TestReplayStopsBeforeItsLeaseIsTaken(t *testing.T) {
 		takenAt.Sub(cut).Round(time.Millisecond), store.ReplayLeaseTTL)
 	if !errors.Is(r.err, store.ErrReplayLeaseLost) || !strings.Contains(r.err.Error(), "not renewed") {
 		t.Errorf("A's error: %v, want the lease's reason (not renewed)", r.err)
+	}
+	runSpans := 0
+	for _, s := range rec.Ended() {
+		if s.Name() != "dlq replay" {
+			continue
+		}
+		runSpans++
+		if s.Status().Code != codes.Error || !strings.Contains(s.Status().Description, "replay lease lost") {
+			t.Errorf("A's run span ended with status %v %q, want an error naming the lost lease", s.Status().Code, s.Status().Description)
+		}
+	}
+	if runSpans != 1 {
+		t.Errorf("%d dlq replay spans, want A's", runSpans)
 	}
 	if r.n.replayed != 0 {
 		t.Errorf("A counted %d of the chunk in flight as replayed", r.n.replayed)
