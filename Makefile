@@ -6,10 +6,14 @@ PKGS  := ./...
 
 .PHONY: run test vet build clean soak fuzz chaos
 
-## run: start PostgreSQL if needed, then `ratchet dev` (broker, demo producer, engine, page).
+## run: start PostgreSQL if needed, build bin/ratchet, then `ratchet dev` (broker, demo producer, engine,
+## page). Ctrl-C stops it cleanly, with no error from make: ratchet is exec'd in place of the recipe's
+## shell, so make sees its exit status (0 on a clean stop), not `go run`'s (1 whenever its child was
+## signalled). make itself then ends by the same SIGINT, as anything stopped with Ctrl-C does (status 130).
 run:
 	@bash scripts/dev-postgres.sh
-	$(GO) run ./cmd/ratchet dev
+	$(GO) build -o $(BIN) ./cmd/ratchet
+	exec $(BIN) dev
 
 ## test: vet, the proto drift check, every test (integration included) with the race detector, a short fuzz pass.
 test: vet proto-check

@@ -167,8 +167,15 @@ func (l *DeadLetterLog) Record(fallback *slog.Logger, letters []Letter) {
 
 // Run writes the summaries that are due while no dead letter comes to
 // trigger them, until ctx ends. The engine runs it for the engine's life.
+// It looks every second, or every Interval when that is shorter; an
+// Interval of zero or less (configuration refuses it, a caller of
+// NewDeadLetterLog may not) still looks every second, never in a busy
+// loop.
 func (l *DeadLetterLog) Run(ctx context.Context) {
 	period := min(l.cfg.Interval, time.Second)
+	if period <= 0 {
+		period = time.Second
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,6 +208,57 @@ func TestDeadLetterLogRunWritesDue(t *testing.T) {
 		"Run writes the summary once the interval passed")
 	if s := rec.Lines("dead letters")[0]; s.Attrs["count"] != int64(1) || s.Attrs["offsets.0"] != "2..2" {
 		t.Errorf("summary %v, want 1 dead letter at 2..2", s.Attrs)
+	}
+}
+
+// askedClock records the waits asked of it; its channels never fire.
+type askedClock struct {
+	mu    sync.Mutex
+	asked []time.Duration
+}
+
+func (c *askedClock) Now() time.Time { return clockStart }
+
+func (c *askedClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.asked = append(c.asked, d)
+	return nil
+}
+
+func (c *askedClock) first() (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.asked) == 0 {
+		return 0, false
+	}
+	return c.asked[0], true
+}
+
+// TestDeadLetterLogRunWithoutInterval: a DeadLetterLog built with no
+// interval (configuration refuses one, NewDeadLetterLog does not) waits
+// between its looks instead of spinning: Run asked the clock for a wait of
+// zero, again and again, on one core for the engine's life.
+func TestDeadLetterLogRunWithoutInterval(t *testing.T) {
+	for _, interval := range []time.Duration{0, -time.Second} {
+		t.Run(interval.String(), func(t *testing.T) {
+			clock := &askedClock{}
+			l := NewDeadLetterLog(DeadLetterLogConfig{Mode: DeadLetterLogSummary, Interval: interval,
+				Logger: testenv.NewLogRecorder(slog.LevelDebug).Logger(), Clock: clock})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); l.Run(ctx) }() // ends with cancel
+			t.Cleanup(func() { cancel(); <-done })
+			var d time.Duration
+			testenv.Eventually(t, 5*time.Second, func() bool {
+				var ok bool
+				d, ok = clock.first()
+				return ok
+			}, "Run waits on the clock")
+			if d <= 0 {
+				t.Fatalf("Run waits %v between looks, want a positive wait", d)
+			}
+		})
 	}
 }
 

@@ -519,8 +519,7 @@ var errUnresolved = errors.New("some pending replays could not be resolved; run 
 // replay runs `ratchet dlq replay`. interrupt, when set, is asked after
 // each delivery report and before it is recorded; true ends the run there,
 // as a kill at the worst moment would (tests).
-func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions, interrupt func() bool) (replayCounts, error) {
-	var n replayCounts
+func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions, interrupt func() bool) (n replayCounts, runErr error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	k, err := openKafka(cfg, cfg.Kafka.GroupID)
@@ -562,7 +561,7 @@ func replay(ctx context.Context, w io.Writer, cfg config.Config, o replayOptions
 		tracer: o.tracer}
 	if o.execute {
 		r.run = o.tracer.Start("dlq replay", tracing.Ref{})
-		defer func() { r.run.End(nil) }()
+		defer func() { r.run.End(runErr) }() // a run that failed is an error span
 	}
 	for _, t := range topics {
 		parts, ok := all[t]
@@ -609,6 +608,11 @@ func writeReplayCounts(w io.Writer, o replayOptions, n replayCounts) {
 // to be searched for by the next.
 var replayChunk = 500
 
+// replayStopped, when set (tests), is called when a chunk ends with an
+// error: the run has then stopped producing and purged what it had not
+// sent, though closing the producer and the rest may take a moment more.
+var replayStopped func(error)
+
 // sourceKey names a dead letter's original record.
 type sourceKey struct {
 	topic     string
@@ -632,6 +636,10 @@ type replayer struct {
 	group     string
 	n         *replayCounts
 	interrupt func() bool
+	// lease is the held lease of the dead-letter topic being replayed
+	// (--execute; nil in a dry run): nothing is produced or recorded once
+	// it is lost.
+	lease *store.ReplayLease
 	// tracer sends each replayed record under a span linking to its dead
 	// letter's context, children of run; nil: no spans.
 	tracer *tracing.Tracer
@@ -679,9 +687,12 @@ func (r *replayer) topic(ctx context.Context, dlqTopic string, parts []int32) er
 		if err != nil {
 			return err
 		}
-		defer func() { _ = lease.Release(ctx) }()
-		// A run that lost its lease (stalled past its expiry while another
-		// took it) stops producing at once.
+		r.lease = lease
+		defer func() { _ = lease.Release(ctx); r.lease = nil }()
+		// A run that loses its lease (it could not renew it before its own
+		// deadline, or it was taken) stops at once: every wait below is
+		// bounded by ctx, which ends then, before another run can take
+		// the lease.
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(ctx)
 		watched := make(chan struct{})
@@ -690,7 +701,7 @@ func (r *replayer) topic(ctx context.Context, dlqTopic string, parts []int32) er
 			defer close(watched)
 			select {
 			case <-lease.Lost():
-				cancel(fmt.Errorf("%s: the replay lease expired and was taken by another run", dlqTopic))
+				cancel(lease.Err())
 			case <-ctx.Done():
 			}
 		}()
@@ -721,7 +732,10 @@ func (r *replayer) topic(ctx context.Context, dlqTopic string, parts []int32) er
 		c := todo[:min(replayChunk, len(todo))]
 		todo = todo[len(c):]
 		if err := r.letters(ctx, c); err != nil {
-			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			if replayStopped != nil {
+				replayStopped(err)
+			}
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(err, cause) {
 				return fmt.Errorf("%w (%w)", err, cause)
 			}
 			return err
@@ -882,9 +896,31 @@ FROM ratchet_replays WHERE dlq_topic = $1`, dlqTopic)
 	})
 }
 
+// held returns nil while this run may produce and record: in a dry run,
+// or while the lease is held; otherwise why not.
+func (r *replayer) held(ctx context.Context) error {
+	if r.lease != nil {
+		if err := r.lease.Err(); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	return nil
+}
+
 // letters replays letters: records them as pending with where a search
 // for them would start, produces them, and records each as done after its
 // delivery report.
+//
+// Every wait in it ends with ctx, which the lease's loss ends. A run that
+// stops with records still queued in the producer purges them, so none
+// is sent after it stopped (a record already on the wire may still land:
+// the lease's margin is for it, and the next run finds it by its
+// ratchet.replayed_from). Once the lease is lost no delivery report is
+// recorded or counted: those rows stay pending, and the next run searches
+// for them.
 func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 	type tp struct {
 		topic string
@@ -910,9 +946,15 @@ func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 	if err := store.MarkReplaysPending(ctx, r.pool, rs, nil); err != nil {
 		return err
 	}
-	deliveries := make(chan kafka.Event, len(letters))
+	deliveries := make(chan kafka.Event, len(letters)) // room for every report: librdkafka never blocks on it
 	spans := map[*deadLetter]tracing.Send{}
+	outstanding := 0 // produced, no delivery report read yet
 	defer func() {
+		if outstanding > 0 {
+			// Stopped before every report: nothing still queued may be
+			// sent after this run stopped.
+			_ = r.p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
+		}
 		for _, s := range spans {
 			s.End(errors.New("no delivery report"))
 		}
@@ -933,15 +975,19 @@ func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 		m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: rs[i].ToPartition},
 			Key: d.Key, Value: d.Value, Headers: headers, Timestamp: d.Timestamp, Opaque: d}
 		for {
+			if err := r.held(ctx); err != nil {
+				return fmt.Errorf("replay %s: stopped before producing it: %w (a rerun replays it)", d.where(), err)
+			}
 			err := r.p.Produce(m, deliveries)
 			var ke kafka.Error
 			if errors.As(err, &ke) && ke.Code() == kafka.ErrQueueFull {
-				r.p.Flush(100)
+				r.p.Flush(100) // at most 100 ms, then the lease is checked again
 				continue
 			}
 			if err != nil {
 				return fmt.Errorf("replay %s: %w", d.where(), err)
 			}
+			outstanding++
 			break
 		}
 	}
@@ -950,8 +996,9 @@ func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 		var ev kafka.Event
 		select {
 		case ev = <-deliveries:
+			outstanding--
 		case <-ctx.Done():
-			return fmt.Errorf("replay: waiting for delivery reports: %w (a rerun finds what was delivered)", ctx.Err())
+			return fmt.Errorf("replay: waiting for delivery reports: %w (a rerun finds what was delivered)", context.Cause(ctx))
 		}
 		m, ok := ev.(*kafka.Message)
 		if !ok {
@@ -968,6 +1015,11 @@ func (r *replayer) letters(ctx context.Context, letters []*deadLetter) error {
 		}
 		if r.interrupt != nil && r.interrupt() {
 			return errInterrupted
+		}
+		if err := r.held(ctx); err != nil {
+			// Delivered, but this run may no longer write: the row stays
+			// pending and the next run finds the record.
+			return fmt.Errorf("replay %s: delivered, not recorded: %w (a rerun finds it)", d.where(), err)
 		}
 		off := int64(m.TopicPartition.Offset)
 		if err := store.MarkReplayDone(ctx, r.pool, d.DLQTopic, d.DLQPartition, d.DLQOffset, off); err != nil {

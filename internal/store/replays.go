@@ -182,21 +182,51 @@ GROUP BY topic, reason ORDER BY max(failed_at) DESC, topic, reason LIMIT $2`, gr
 // dead-letter topic holds its lease.
 var ErrReplayRunning = errors.New("another replay of this dead-letter topic is running")
 
+// ErrReplayLeaseLost is what ReplayLease.Err wraps once the holder must
+// stop: its lease was taken by another run, or it could not renew it
+// before it would expire.
+var ErrReplayLeaseLost = errors.New("replay lease lost")
+
 // ReplayLeaseTTL is how long a replay's lease lasts without renewal: a run
 // killed with -9 blocks the next one for at most this long. The holder
-// renews it every third of it.
+// renews it every third of it, and gives it up by its own clock a fifth
+// of it before it expires (see ReplayLease).
 var ReplayLeaseTTL = 30 * time.Second
+
+// replayLeaseMargin is how much earlier than the database would let
+// another run take the lease the holder stops: it covers a produce
+// request already on the wire, the scheduling of the goroutine that
+// notices, and the drift between the holder's clock and the database's.
+func replayLeaseMargin(ttl time.Duration) time.Duration { return ttl / 5 }
 
 // ReplayLease is a held lease of one dead-letter topic's replays (see
 // LockReplays).
+//
+// The holder knows until when it may act without asking the database:
+// the expiry it last secured, counted by its own monotonic clock from
+// when it SENT the claim or renewal that secured it (the database counted
+// from a later moment, when it ran the statement), less a margin. When
+// that passes without a successful renewal (the database is unreachable,
+// or slower than the lease), Lost closes and Err says why, before another
+// run can take the lease; a renewal that finds the lease taken closes
+// Lost too. Lost never reopens.
 type ReplayLease struct {
-	pool     *pgxpool.Pool
-	topic    string
-	owner    string
-	stop     context.CancelFunc
-	renewing chan struct{} // closed when the renewal goroutine ended
-	lost     chan struct{} // closed when a renewal found the lease gone
+	pool   *pgxpool.Pool
+	topic  string
+	owner  string
+	ttl    time.Duration
+	margin time.Duration
+	// extend runs one renewal: held false means the row is no longer this
+	// owner's. A field so that tests can fail it.
+	extend   func(ctx context.Context) (held bool, err error)
+	stop     context.CancelFunc // cancels the renewal goroutine; Release calls it
+	renewing chan struct{}      // closed when the renewal goroutine ended
+	lost     chan struct{}      // closed with err set when the holder must stop
 	once     sync.Once
+
+	mu       sync.Mutex
+	deadline time.Time // the holder's own deadline (monotonic); guarded by mu
+	err      error     // why lost is closed; guarded by mu
 }
 
 // LockReplays takes the lease of dlqTopic's replays for owner, or returns
@@ -217,58 +247,157 @@ func LockReplays(ctx context.Context, pool *pgxpool.Pool, dlqTopic, owner string
 	ttl := ReplayLeaseTTL
 	var holder string
 	var until time.Time
-	err := pool.QueryRow(ctx, `
+	sent := time.Now()
+	// A claim answered after the holder's deadline would be a lease
+	// already lost: the claim waits no longer than that.
+	cctx, cancel := context.WithDeadline(ctx, sent.Add(ttl-replayLeaseMargin(ttl)))
+	defer cancel()
+	err := pool.QueryRow(cctx, `
 INSERT INTO ratchet_replay_leases AS l (dlq_topic, owner, expires_at)
 VALUES ($1, $2, now() + $3 * interval '1 millisecond')
 ON CONFLICT (dlq_topic) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
 WHERE l.expires_at < now() OR l.owner = EXCLUDED.owner
 RETURNING owner, expires_at`, dlqTopic, owner, ttl.Milliseconds()).Scan(&holder, &until)
 	if errors.Is(err, pgx.ErrNoRows) {
-		if err := pool.QueryRow(ctx, `SELECT owner, expires_at FROM ratchet_replay_leases WHERE dlq_topic = $1`,
+		if err := pool.QueryRow(cctx, `SELECT owner, expires_at FROM ratchet_replay_leases WHERE dlq_topic = $1`,
 			dlqTopic).Scan(&holder, &until); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
 		}
 		return nil, fmt.Errorf("%s: %w (%s, lease until %s)", dlqTopic, ErrReplayRunning, holder, until.UTC().Format(time.RFC3339))
 	}
 	if err != nil {
+		if ctx.Err() == nil && cctx.Err() != nil {
+			return nil, fmt.Errorf("lock replays of %s: not answered within %v, before the lease would have to be given up: %w",
+				dlqTopic, ttl-replayLeaseMargin(ttl), err)
+		}
 		return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
 	}
+	l := newReplayLease(dlqTopic, owner, ttl, sent, nil)
+	l.pool = pool
+	l.extend = l.extendRow
 	rctx, stop := context.WithCancel(ctx)
-	l := &ReplayLease{pool: pool, topic: dlqTopic, owner: owner, stop: stop,
-		renewing: make(chan struct{}), lost: make(chan struct{})}
-	go l.renew(rctx, ttl)
+	l.stop = stop
+	go l.renew(rctx) // ends with rctx (Release, or the caller's ctx) or when the lease is lost
 	return l, nil
 }
 
-// renew extends the lease every ttl/3 until ctx ends; a renewal that finds
-// the lease taken by another run (this one stalled past ttl) closes lost.
-// A renewal that fails (database unreachable) is tried again at the next
-// tick; the lease may then expire, which the next renewal notices.
-func (l *ReplayLease) renew(ctx context.Context, ttl time.Duration) {
+// newReplayLease is a lease secured by a request sent at sent; extend
+// renews it. The caller starts renew.
+func newReplayLease(topic, owner string, ttl time.Duration, sent time.Time,
+	extend func(context.Context) (bool, error)) *ReplayLease {
+	margin := replayLeaseMargin(ttl)
+	return &ReplayLease{topic: topic, owner: owner, ttl: ttl, margin: margin, extend: extend,
+		renewing: make(chan struct{}), lost: make(chan struct{}), deadline: sent.Add(ttl - margin)}
+}
+
+// extendRow renews the lease row for another ttl by the database's clock.
+func (l *ReplayLease) extendRow(ctx context.Context) (bool, error) {
+	tag, err := l.pool.Exec(ctx, `
+UPDATE ratchet_replay_leases SET expires_at = now() + $3 * interval '1 millisecond'
+WHERE dlq_topic = $1 AND owner = $2`, l.topic, l.owner, l.ttl.Milliseconds())
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// renewInterval is how long after a renewal the next one is sent, and
+// renewRetry how soon a failed one is tried again: several tries fit
+// before the holder's deadline.
+func (l *ReplayLease) renewInterval() time.Duration { return l.ttl / 3 }
+func (l *ReplayLease) renewRetry() time.Duration    { return l.ttl / 15 }
+
+// renew extends the lease every ttl/3 until ctx ends. Each renewal is
+// bounded by the holder's deadline (a renewal answered later could not
+// be trusted anyway); a failed one is retried every ttl/15 until the
+// deadline passes, and then the lease is lost. A renewal that finds the
+// lease taken by another run loses it at once. It closes renewing when it
+// returns.
+func (l *ReplayLease) renew(ctx context.Context) {
 	defer close(l.renewing)
-	t := time.NewTicker(ttl / 3)
-	defer t.Stop()
+	next := time.Now().Add(l.renewInterval())
+	var lastErr error
 	for {
+		deadline := l.Deadline()
+		t := time.NewTimer(time.Until(minTime(next, deadline)))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, ttl/3)
-		tag, err := l.pool.Exec(rctx, `
-UPDATE ratchet_replay_leases SET expires_at = now() + $3 * interval '1 millisecond'
-WHERE dlq_topic = $1 AND owner = $2`, l.topic, l.owner, ttl.Milliseconds())
-		cancel()
-		if err == nil && tag.RowsAffected() == 0 {
-			close(l.lost)
+		if !time.Now().Before(deadline) {
+			why := "no renewal was attempted"
+			if lastErr != nil {
+				why = "last renewal: " + lastErr.Error()
+			}
+			l.lose(fmt.Errorf("%w: not renewed before it expires (%s): stopped at its holder's deadline, %v before the expiry the database counts",
+				ErrReplayLeaseLost, why, l.margin))
 			return
+		}
+		sent := time.Now()
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		held, err := l.extend(rctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return // released meanwhile
+		case err == nil && !time.Now().Before(deadline):
+			// Answered after the deadline (extend did not heed rctx): the
+			// holder has already been past it.
+			lastErr = errors.New("renewal answered after the holder's deadline")
+		case err != nil:
+			lastErr = err
+			next = time.Now().Add(l.renewRetry())
+		case !held:
+			l.lose(fmt.Errorf("%w: taken by another run (this one could not renew it in time)", ErrReplayLeaseLost))
+			return
+		default:
+			lastErr = nil
+			l.mu.Lock()
+			l.deadline = sent.Add(l.ttl - l.margin)
+			l.mu.Unlock()
+			next = sent.Add(l.renewInterval())
 		}
 	}
 }
 
-// Lost is closed when the lease was found taken by another run: the
-// holder must stop producing.
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func (l *ReplayLease) lose(err error) {
+	l.mu.Lock()
+	l.err = fmt.Errorf("replays of %s: %w", l.topic, err)
+	l.mu.Unlock()
+	close(l.lost)
+}
+
+// Lost is closed when the holder must stop producing: the lease was found
+// taken by another run, or the holder's deadline passed without a
+// successful renewal (before the database would let another run take
+// it). Err says which.
 func (l *ReplayLease) Lost() <-chan struct{} { return l.lost }
+
+// Err is nil while the lease is held, and once Lost is closed says why
+// (it wraps ErrReplayLeaseLost).
+func (l *ReplayLease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Deadline is the holder's own deadline: the monotonic time until which it
+// may act on the lease without a further renewal. A wait that must end
+// while the lease is held is bounded by it.
+func (l *ReplayLease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
 
 // Release stops renewing and gives the lease up (if it is still this
 // run's). A failed release leaves the lease to expire.

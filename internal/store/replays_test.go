@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,6 +102,101 @@ func TestReplayLeaseLostWhenTaken(t *testing.T) {
 	case <-a.Lost():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the holder does not notice that its lease was taken")
+	}
+}
+
+// TestReplayLeaseLostBeforeTakenWhenCut: run A's link to PostgreSQL is cut
+// (a real TCP cut, nothing else disturbed) while it holds the lease. A
+// cannot renew; run B, which reaches the database, takes the lease once it
+// expired by the database's clock. By then A's Lost() must be closed, with
+// a reason that says it could not renew: two holders at once would both
+// produce.
+func TestReplayLeaseLostBeforeTakenWhenCut(t *testing.T) {
+	defer func(d time.Duration) { store.ReplayLeaseTTL = d }(store.ReplayLeaseTTL)
+	store.ReplayLeaseTTL = 3 * time.Second
+	ctx := testCtx(t)
+	bPool := migratedPool(t)
+	u, err := url.Parse(bPool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	aPool := openPool(t, u.String(), 2)
+
+	a, err := store.LockReplays(ctx, aPool, "events.dlq", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release(ctx)
+	lostAt := make(chan time.Time, 1)
+	go func() { // ends when A's lease is lost or the test ends
+		select {
+		case <-a.Lost():
+			lostAt <- time.Now()
+		case <-ctx.Done():
+		}
+	}()
+	// Let one renewal through first: the deadline then counts from it.
+	first := leaseExpiry(t, bPool, "events.dlq")
+	testenv.Eventually(t, 10*time.Second, func() bool { return leaseExpiry(t, bPool, "events.dlq").After(first) },
+		"A renews its lease")
+	proxy.Cut()
+	cut := time.Now()
+
+	var takenAt time.Time
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		b, err := store.LockReplays(ctx, bPool, "events.dlq", "b")
+		if err != nil {
+			return false
+		}
+		takenAt = time.Now()
+		t.Cleanup(func() { _ = b.Release(context.Background()) })
+		return true
+	}, "B takes the lease of A, cut off from the database")
+	select {
+	case at := <-lostAt:
+		t.Logf("A gave the lease up %v after the cut; B took it %v after the cut (TTL %v)",
+			at.Sub(cut).Round(time.Millisecond), takenAt.Sub(cut).Round(time.Millisecond), store.ReplayLeaseTTL)
+	default:
+		t.Fatalf("B took the lease %v after A's link was cut, and A's Lost() is still open: two replays at once",
+			takenAt.Sub(cut).Round(time.Millisecond))
+	}
+	if err := a.Err(); !errors.Is(err, store.ErrReplayLeaseLost) || !strings.Contains(err.Error(), "not renewed") {
+		t.Errorf("A's reason: %v, want ErrReplayLeaseLost saying it was not renewed", err)
+	}
+}
+
+// TestReplayLeaseClaimBoundedByItsDeadline: a claim the database answers
+// later than the holder's deadline would be worth nothing: LockReplays
+// gives up by then with an error that says so, instead of waiting for the
+// answer.
+func TestReplayLeaseClaimBoundedByItsDeadline(t *testing.T) {
+	defer func(d time.Duration) { store.ReplayLeaseTTL = d }(store.ReplayLeaseTTL)
+	store.ReplayLeaseTTL = 3 * time.Second
+	ctx := testCtx(t)
+	direct := migratedPool(t)
+	u, err := url.Parse(direct.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	slow := openPool(t, u.String(), 1)
+	if err := slow.Ping(ctx); err != nil { // connected before the link slows
+		t.Fatal(err)
+	}
+	proxy.Delay(2 * time.Second) // each way: a round trip of 4 s
+	start := time.Now()
+	l, err := store.LockReplays(ctx, slow, "events.dlq", "a")
+	took := time.Since(start)
+	if err == nil {
+		_ = l.Release(ctx)
+		t.Fatalf("a claim answered after %v (the holder's deadline is %v) returned a lease", took.Round(time.Millisecond),
+			store.ReplayLeaseTTL*4/5)
+	}
+	if !strings.Contains(err.Error(), "not answered within") || took > store.ReplayLeaseTTL {
+		t.Errorf("after %v: %v, want an error naming the claim's bound within the lease's TTL", took.Round(time.Millisecond), err)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,10 +105,32 @@ func Read(getenv func(string) string) (Settings, error) {
 		ps = append(ps, config.Problem{Env: "OTEL_TRACES_SAMPLER", Value: s.SamplerName,
 			Allowed: "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio"})
 	}
+	ps = append(ps, resourceAttributeProblems(getenv("OTEL_RESOURCE_ATTRIBUTES"))...)
 	if len(ps) > 0 {
 		return Settings{}, &config.Error{Problems: ps}
 	}
 	return s, nil
+}
+
+// resourceAttributeProblems checks OTEL_RESOURCE_ATTRIBUTES as the SDK
+// parses it (comma-separated key=value, values percent-encoded): a pair
+// without "=" made New fail with a plain error (exit 1, not a
+// configuration error) and a bad escape made the SDK print a plain-text
+// line to stderr, in the middle of a JSON log, and keep the raw value.
+func resourceAttributeProblems(v string) []config.Problem {
+	if strings.TrimSpace(v) == "" {
+		return nil
+	}
+	var ps []config.Problem
+	for _, pair := range strings.Split(v, ",") {
+		k, val, found := strings.Cut(pair, "=")
+		_, err := url.PathUnescape(strings.TrimSpace(val))
+		if !found || strings.TrimSpace(k) == "" || err != nil {
+			ps = append(ps, config.Problem{Env: "OTEL_RESOURCE_ATTRIBUTES", Value: pair,
+				Allowed: "comma-separated key=value pairs, values percent-encoded"})
+		}
+	}
+	return ps
 }
 
 // New builds a tracer provider exporting with OTLP per s. The exporter
@@ -135,6 +158,11 @@ func New(ctx context.Context, s Settings) (*sdktrace.TracerProvider, error) {
 		resource.WithFromEnv(),
 	)
 	if err != nil {
+		// The exporter is not handed to a provider: shut it down here,
+		// or its client and connections outlive the failed start.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = exp.Shutdown(sctx)
 		return nil, fmt.Errorf("trace resource: %w", err)
 	}
 	return sdktrace.NewTracerProvider(

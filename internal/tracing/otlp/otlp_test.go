@@ -39,6 +39,11 @@ func TestRead(t *testing.T) {
 			[]string{`OTEL_EXPORTER_OTLP_PROTOCOL: "http/json" is not allowed (allowed: http/protobuf or grpc)`}},
 		{"bad sampler and ratio", env("OTEL_TRACES_SAMPLER", "sometimes", "OTEL_TRACES_SAMPLER_ARG", "2"), "", "", 0,
 			[]string{`OTEL_TRACES_SAMPLER_ARG: "2" is not allowed (allowed: a ratio from 0 to 1)`, `OTEL_TRACES_SAMPLER: "sometimes" is not allowed`}},
+		{"resource attributes", env("OTEL_RESOURCE_ATTRIBUTES", "service.namespace=shop, deployment.environment=prod%20eu"),
+			ProtocolHTTP, "parentbased_always_on", 1, nil},
+		{"bad resource attributes", env("OTEL_RESOURCE_ATTRIBUTES", "team=a,foo,bar=%zz,=x"), "", "", 0,
+			[]string{`OTEL_RESOURCE_ATTRIBUTES: "foo" is not allowed`, `OTEL_RESOURCE_ATTRIBUTES: "bar=%zz" is not allowed`,
+				`OTEL_RESOURCE_ATTRIBUTES: "=x" is not allowed`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := Read(tc.getenv)
