@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/checker"
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/ext"
 
@@ -55,6 +56,10 @@ type expr struct {
 	// (value.a.b): the field names, evaluated without the interpreter
 	// when the value allows (see fast).
 	path []string
+	// times bounds the times given as numbers (toTime); costLimit is its
+	// pipeline's cost_limit, which bounds each evaluation.
+	times     timeBounds
+	costLimit uint64
 }
 
 type upsertSink struct {
@@ -119,6 +124,7 @@ func Compile(cfg config.Config) (*Set, error) {
 	s := &Set{byTopic: map[string][]*pipeline{}, formats: map[string]string{}, adapter: env.CELTypeAdapter()}
 	for i, pc := range cfg.Pipelines {
 		p := &pipeline{index: i, name: pc.Name, topic: pc.Topic, format: pc.Format}
+		c.times, c.costLimit = boundsOf(pc), pc.Cost()
 		if pc.Where != "" {
 			p.where = c.compile(config.PipelineKey(i, "where"), pc.Where, "")
 			if p.where != nil && !canBe(p.where.out, cel.BoolType) {
@@ -144,6 +150,9 @@ func Compile(cfg config.Config) (*Set, error) {
 type compiler struct {
 	env, noValue *cel.Env
 	ps           []config.Problem
+	// times and costLimit are those of the pipeline being compiled.
+	times     timeBounds
+	costLimit uint64
 }
 
 func (c *compiler) bad(key, value, allowed string) {
@@ -153,21 +162,52 @@ func (c *compiler) bad(key, value, allowed string) {
 // compile compiles src; a problem is recorded and nil returned when it
 // does not compile.
 func (c *compiler) compile(key, src, column string) *expr {
+	limit := c.costLimit
+	if limit == 0 {
+		limit = config.DefaultCostLimit
+	}
 	ast, iss := c.env.Compile(src)
 	if iss != nil && iss.Err() != nil {
 		c.ps = append(c.ps, config.Problem{Key: key, Reason: "CEL does not compile: " + oneLine(iss.Err().Error())})
 		return nil
 	}
-	prg, err := c.env.Program(ast, cel.EvalOptions(cel.OptOptimize))
+	// Whatever a record holds, an evaluation stops at the cost limit (a
+	// record error) and within interruptEvery steps of a comprehension
+	// after the batch's context ends (the batch waits to be retried).
+	prg, err := c.env.Program(ast, cel.EvalOptions(cel.OptOptimize),
+		cel.CostLimit(limit), cel.InterruptCheckFrequency(interruptEvery))
 	if err != nil {
 		c.ps = append(c.ps, config.Problem{Key: key, Reason: "CEL program: " + oneLine(err.Error())})
 		return nil
 	}
-	e := &expr{key: key, src: src, prg: prg, out: ast.OutputType(), name: column}
+	// An expression that costs more than the limit on any record is the
+	// configuration's fault, not every record's: refuse it here. One that
+	// could cost more only on a large value (a comprehension over a list
+	// of the record) is fine; the limit stops that record alone.
+	if est, err := c.env.EstimateCost(ast, noSizes{}); err == nil && est.Min > limit {
+		c.ps = append(c.ps, config.Problem{Key: key, Reason: fmt.Sprintf(
+			"CEL costs at least %d on any record, over the pipeline's cost_limit %d", est.Min, limit)})
+		return nil
+	}
+	e := &expr{key: key, src: src, prg: prg, out: ast.OutputType(), name: column, times: c.times, costLimit: limit}
 	if fieldPath.MatchString(src) {
 		e.path = strings.Split(src, ".")[1:]
 	}
 	return e
+}
+
+// interruptEvery is how many steps of a comprehension run between two
+// looks at the batch's context: a step costs microseconds at most.
+const interruptEvery = 100
+
+// noSizes is a cost estimator that knows nothing of the record's sizes:
+// the estimate's minimum is then what the expression costs on any record.
+type noSizes struct{}
+
+func (noSizes) EstimateSize(checker.AstNode) *checker.SizeEstimate { return nil }
+
+func (noSizes) EstimateCallCost(string, string, *checker.AstNode, []checker.AstNode) *checker.CallEstimate {
+	return nil
 }
 
 // fieldPath matches an expression that only selects fields of value.
