@@ -13,7 +13,6 @@ import (
 	"github.com/google/cel-go/interpreter"
 
 	"ratchet/config"
-	"ratchet/processor"
 )
 
 // timeBounds is what toTime checks a number against: the window of its
@@ -218,7 +217,9 @@ func fmtDays(d time.Duration) string {
 // bounds is the time bounds of e's pipeline for the record of act.
 func (e *expr) bounds(act interpreter.Activation) timeBounds {
 	b := e.times
-	if a, ok := act.(*recordActivation); ok && a.rec.TimestampType != processor.TimestampNone {
+	// A record without a timestamp has none here, or one at or before the
+	// epoch (librdkafka's -1).
+	if a, ok := act.(*recordActivation); ok && a.rec.Timestamp.UnixMilli() > 0 {
 		b.ref = a.rec.Timestamp
 	}
 	return b
@@ -227,6 +228,6 @@ func (e *expr) bounds(act interpreter.Activation) timeBounds {
 // boundsOf is the time bounds (without a reference yet) of pipeline i's
 // configuration.
 func boundsOf(pc config.Pipeline) timeBounds {
-	w := pc.EpochMillisWindow
+	w := pc.Window()
 	return timeBounds{past: w.Past, future: w.Future, key: "epoch_millis_window"}
 }
