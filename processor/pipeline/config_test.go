@@ -62,6 +62,21 @@ func TestConfigurationErrors(t *testing.T) {
 			`pipelines[0].rollup.time: "true" is not allowed`},
 		{"column written twice", head + "  - name: a\n    topic: orders\n    format: json\n" +
 			"    upsert: {table: t, key: {id: string(record.key)}, columns: {ID: value.id}}\n", `pipelines[0].upsert.columns.ID: "ID" is not allowed`},
+		{"CEL over the cost limit on any record", head + "  - name: a\n    topic: orders\n    format: json\n    cost_limit: 100\n" +
+			"    where: '[1,2,3,4,5,6,7,8,9,10].map(x, x * 2).size() > 0'\n" + upsert,
+			"pipelines[0].where: CEL costs at least 163 on any record, over the pipeline's cost_limit 100"},
+		{"cost_limit zero", head + "  - name: a\n    topic: orders\n    format: json\n    cost_limit: 0\n" + upsert,
+			`pipelines[0].cost_limit: "0" is not allowed (allowed: a whole number above 0 (default 1000000))`},
+		{"cost_limit not a number", head + "  - name: a\n    topic: orders\n    format: json\n    cost_limit: lots\n" + upsert,
+			`pipelines[0].cost_limit: "lots" is not allowed`},
+		{"epoch_millis_window zero", head + "  - name: a\n    topic: orders\n    format: json\n    epoch_millis_window: {past: 0s}\n" + rollup,
+			`pipelines[0].epoch_millis_window.past: "0s" is not allowed (allowed: a duration above 0, such as 7305d or 36h)`},
+		{"epoch_millis_window not a duration", head + "  - name: a\n    topic: orders\n    format: json\n    epoch_millis_window: {future: soon}\n" + rollup,
+			`pipelines[0].epoch_millis_window.future: "soon" is not allowed`},
+		{"epoch_millis_window unknown key", head + "  - name: a\n    topic: orders\n    format: json\n    epoch_millis_window: {pasts: 1d}\n" + rollup,
+			`pipelines[0].epoch_millis_window.pasts: unknown key (did you mean past?)`},
+		{"epoch_millis_window not a mapping", head + "  - name: a\n    topic: orders\n    format: json\n    epoch_millis_window: 1d\n" + rollup,
+			`pipelines[0].epoch_millis_window: "1d" is not allowed (allowed: a mapping with past and future`},
 		{"not a list", "kafka:\n  topics: [orders]\npipelines: {name: a}\n", `pipelines: "{name: a}" is not allowed (allowed: a list of pipelines`},
 	}
 	for _, tc := range cases {

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"ratchet/processor"
 	"ratchet/internal/store"
+	"ratchet/processor"
 )
 
 // timesYAML takes a time in three places: a rollup's time, a timestamptz
