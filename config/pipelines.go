@@ -455,7 +455,8 @@ func validateColumns(v *validator, key string, cols []Column, seen map[string]st
 		}
 		lc := strings.ToLower(col.Name)
 		if other, dup := seen[lc]; dup {
-			v.bad(ck, col.Name, "a column not already written by "+other)
+			v.ps = append(v.ps, Problem{Key: ck, Reason: "column " + lc + " is written twice: " + other +
+				" writes it too (column names are case-insensitive)"})
 			continue
 		}
 		seen[lc] = ck

@@ -255,6 +255,10 @@ func (c *compiler) rollup(i int, r *config.Rollup) *rollupSink {
 		key := config.PipelineKey(i, "rollup", "aggregates", a.Name)
 		kind, arg, ok := parseAggregate(a.Expr)
 		if !ok {
+			if why := unbalanced(a.Expr); why != "" {
+				c.ps = append(c.ps, config.Problem{Key: key, Reason: why})
+				continue
+			}
 			c.bad(key, a.Expr, "count, sum(E), min(E) or max(E) with E a CEL expression")
 			continue
 		}
@@ -321,6 +325,37 @@ func closing(s string) int {
 		}
 	}
 	return -1
+}
+
+// unbalanced says which parenthesis of s is not matched, skipping string
+// literals; "" when they all are.
+func unbalanced(s string) string {
+	var open []int
+	var quote byte
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case quote != 0:
+			if ch == '\\' {
+				i++
+			} else if ch == quote {
+				quote = 0
+			}
+		case ch == '"' || ch == '\'':
+			quote = ch
+		case ch == '(':
+			open = append(open, i)
+		case ch == ')':
+			if len(open) == 0 {
+				return fmt.Sprintf("unbalanced parentheses: the ) at column %d closes nothing", i+1)
+			}
+			open = open[:len(open)-1]
+		}
+	}
+	if len(open) > 0 {
+		return fmt.Sprintf("unbalanced parentheses: the ( at column %d is not closed", open[len(open)-1]+1)
+	}
+	return ""
 }
 
 // canBe reports whether a value of static type t may be one of want at run

@@ -61,7 +61,16 @@ func TestConfigurationErrors(t *testing.T) {
 		{"time not a time", head + "  - name: a\n    topic: orders\n    format: json\n" + strings.Replace(rollup, "time: value.ts", "time: 'true'", 1),
 			`pipelines[0].rollup.time: "true" is not allowed`},
 		{"column written twice", head + "  - name: a\n    topic: orders\n    format: json\n" +
-			"    upsert: {table: t, key: {id: string(record.key)}, columns: {ID: value.id}}\n", `pipelines[0].upsert.columns.ID: "ID" is not allowed`},
+			"    upsert: {table: t, key: {id: string(record.key)}, columns: {ID: value.id}}\n",
+			"pipelines[0].upsert.columns.ID: column id is written twice: pipelines[0].upsert.key.id writes it too (column names are case-insensitive)"},
+		{"bucket column written twice", head + "  - name: a\n    topic: orders\n    format: json\n" + strings.Replace(rollup, "group_by: {c: value.c}", "group_by: {Minute: value.c}", 1),
+			"pipelines[0].rollup.group_by.Minute: column minute is written twice: pipelines[0].rollup.bucket_column writes it too"},
+		{"aggregate not closed", head + "  - name: a\n    topic: orders\n    format: json\n" + strings.Replace(rollup, "n: count", "n: 'sum(double(value.a)'", 1),
+			"pipelines[0].rollup.aggregates.n: unbalanced parentheses: the ( at column 4 is not closed"},
+		{"aggregate closed twice", head + "  - name: a\n    topic: orders\n    format: json\n" + strings.Replace(rollup, "n: count", "n: 'max(value.a))'", 1),
+			"pipelines[0].rollup.aggregates.n: unbalanced parentheses: the ) at column 13 closes nothing"},
+		{"parenthesis in a string", head + "  - name: a\n    topic: orders\n    format: json\n" + strings.Replace(rollup, "n: count", `n: 'sum(value.a) + size(")")'`, 1),
+			`pipelines[0].rollup.aggregates.n: "sum(value.a) + size(\")\")" is not allowed (allowed: count, sum(E)`},
 		{"CEL over the cost limit on any record", head + "  - name: a\n    topic: orders\n    format: json\n    cost_limit: 100\n" +
 			"    where: '[1,2,3,4,5,6,7,8,9,10].map(x, x * 2).size() > 0'\n" + upsert,
 			"pipelines[0].where: CEL costs at least 163 on any record, over the pipeline's cost_limit 100"},
