@@ -26,15 +26,16 @@ type timeBounds struct {
 	key          string // the window's key path, for messages
 }
 
-// PostgreSQL's timestamptz range, in seconds from 2000-01-01 UTC (its
-// epoch): from 4714-11-24 BC (Julian day 0) to 294277-01-01 AD exclusive
-// (src/include/datatype/timestamp.h MIN_TIMESTAMP and END_TIMESTAMP).
-// pgx encodes a time as microseconds from that epoch in an int64, which
-// this range keeps from overflowing.
+// The times a pipeline can write, in Unix seconds: from PostgreSQL's
+// lowest timestamptz, 4714-11-24 BC (Julian day 0; its docs say 4713 BC),
+// to the last second whose microseconds pgx can encode (it computes
+// t.Unix()*1e6 in an int64, which overflows silently in 294247 AD, before
+// PostgreSQL's own end in 294276 AD).
 const (
-	pgEpochUnix  = 946684800
-	pgMinSeconds = -211813488000
-	pgEndSeconds = 9223371331200
+	minUnix = -210866803200
+	maxUnix = math.MaxInt64/1_000_000 - 1 // 294247-01-10
+	// rangeText is the range for messages.
+	rangeText = "beyond what a timestamptz holds (4713 BC to 294246 AD)"
 )
 
 // toTime converts a CEL value to the time it means, for every place of a
@@ -54,7 +55,8 @@ const (
 //     1970) and microseconds or nanoseconds (tens of thousands of years
 //     ahead, or beyond PostgreSQL) are refused, not bucketed.
 //
-// Every time must lie in PostgreSQL's timestamptz range. An error says
+// Every time must lie in what PostgreSQL's timestamptz holds and pgx
+// encodes (4713 BC to 294246 AD). An error says
 // what was assumed and, for a number, which unit it probably is; it does
 // not quote the value.
 func toTime(v ref.Val, b timeBounds) (time.Time, error) {
@@ -145,19 +147,21 @@ func looksNumeric(s string) bool {
 }
 
 func fromMillisFloat(f float64, b timeBounds) (time.Time, error) {
-	// ±1e16 ms is ±316,000 years: past PostgreSQL's range either way, and
-	// within what int64 microseconds hold.
-	if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > 1e16 {
-		return time.Time{}, millisError(f, "beyond PostgreSQL's timestamptz range (4713 BC to 294276 AD)")
+	if math.IsNaN(f) || math.IsInf(f, 0) || f/1000 < minUnix || f/1000 >= maxUnix+1 {
+		return time.Time{}, millisError(f, rangeText)
 	}
-	return fromMillis(time.UnixMicro(int64(math.Round(f*1000))), f, b)
+	// Whole milliseconds, then the fraction to the microsecond PostgreSQL
+	// keeps: f*1000 itself could overflow an int64.
+	whole := math.Floor(f)
+	t := time.UnixMilli(int64(whole)).Add(time.Duration(math.Round((f-whole)*1000)) * time.Microsecond)
+	return fromMillis(t, f, b)
 }
 
 // fromMillis checks t, the time of f epoch milliseconds, against
 // PostgreSQL's range and b.
 func fromMillis(t time.Time, f float64, b timeBounds) (time.Time, error) {
 	if _, err := inRange(t); err != nil {
-		return time.Time{}, millisError(f, "beyond PostgreSQL's timestamptz range (4713 BC to 294276 AD)")
+		return time.Time{}, millisError(f, rangeText)
 	}
 	if b.ref.IsZero() {
 		return t, nil
@@ -188,11 +192,11 @@ func millisError(f float64, why string) error {
 	return errors.New(msg)
 }
 
-// inRange returns t when PostgreSQL's timestamptz (and pgx's encoding of
-// it) can hold it.
+// inRange returns t when PostgreSQL's timestamptz, and pgx's encoding of
+// it, can hold it.
 func inRange(t time.Time) (time.Time, error) {
-	if s := t.Unix() - pgEpochUnix; s < pgMinSeconds || s >= pgEndSeconds {
-		return time.Time{}, fmt.Errorf("a time in year %d, beyond PostgreSQL's timestamptz range (4713 BC to 294276 AD)", t.Year())
+	if u := t.Unix(); u < minUnix || u > maxUnix {
+		return time.Time{}, errors.New("a time " + rangeText)
 	}
 	return t, nil
 }

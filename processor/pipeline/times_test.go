@@ -1,8 +1,11 @@
 package pipeline_test
 
 import (
+	"math"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"ratchet/internal/store"
 	"ratchet/processor"
@@ -102,9 +105,9 @@ func TestImplausibleTimesAreRecordErrors(t *testing.T) {
 	ok := `"2026-12-01T09:00:00Z"`
 	cases := []struct{ name, value, want, digits string }{
 		{"rollup epoch nanoseconds", times(`1796115600123456789`, ok, ok),
-			"pipeline per_minute: record orders[0]@1: rollup.time: epoch milliseconds: beyond PostgreSQL's timestamptz range (4713 BC to 294276 AD): epoch nanoseconds? divide by 1000000", "1796115600123"},
+			"pipeline per_minute: record orders[0]@1: rollup.time: epoch milliseconds: beyond what a timestamptz holds (4713 BC to 294246 AD): epoch nanoseconds? divide by 1000000", "1796115600123"},
 		{"rollup 5e16", times(`5e16`, ok, ok),
-			"rollup.time: epoch milliseconds: beyond PostgreSQL's timestamptz range", "5e16"},
+			"rollup.time: epoch milliseconds: beyond what a timestamptz holds", "5e16"},
 		{"rollup epoch microseconds", times(`1796115600123456`, ok, ok),
 			"rollup.time: epoch milliseconds: year 58886, more than 1d after the record's timestamp (epoch_millis_window.future): epoch microseconds? divide by 1000", "1796115600123"},
 		{"rollup epoch seconds", times(`1796378577`, ok, ok),
@@ -118,7 +121,7 @@ func TestImplausibleTimesAreRecordErrors(t *testing.T) {
 		{"timestamptz column epoch seconds", times(ok, `1796378577`, ok),
 			"pipeline seen: record orders[0]@1: upsert.columns.at: for a timestamp with time zone column: epoch milliseconds: 1970-01-21, more than 7305d before the record's timestamp (epoch_millis_window.past): epoch seconds? multiply by 1000", "1796378577"},
 		{"timestamptz column nanoseconds", times(ok, `1796115600123456789`, ok),
-			"upsert.columns.at: for a timestamp with time zone column: epoch milliseconds: beyond PostgreSQL's timestamptz range", "1796115600123"},
+			"upsert.columns.at: for a timestamp with time zone column: epoch milliseconds: beyond what a timestamptz holds", "1796115600123"},
 		{"timestamp column epoch seconds", times(ok, ok, `1796378577`),
 			"upsert.columns.wall: for a timestamp without time zone column: epoch milliseconds: 1970-01-21, more than 7305d before", "1796378577"},
 		{"timestamp column a day ahead and more", times(ok, ok, `1796288400001`),
@@ -157,5 +160,24 @@ func TestEpochMillisWindowIsConfigurable(t *testing.T) {
 	err := apply(t, pool, p, rec(t, 2, "c", times(`"2026-12-01T09:00:00Z"`, `1796378577`, `null`)))
 	if !processor.IsPermanent(err) || !strings.Contains(err.Error(), "upsert.columns.at: for a timestamp with time zone column: epoch milliseconds: 1970-01-21") {
 		t.Fatalf("err = %v, want the upsert's record error", err)
+	}
+}
+
+// The last time toTime accepts reaches PostgreSQL as itself: pgx's
+// encoding does not overflow there (a record without a timestamp is
+// checked against the range only).
+func TestLastTimeReachesPostgres(t *testing.T) {
+	pool, p := setup(t, timesYAML, timesTables)
+	last := time.Unix(math.MaxInt64/1_000_000-1, 999_000_000).UTC()
+	r := rec(t, 0, "a", times(`"2026-12-01T09:00:00Z"`, strconv.FormatInt(last.UnixMilli(), 10), `null`))
+	r.Timestamp = time.Time{}
+	if err := apply(t, pool, p, r); err != nil {
+		t.Fatal(err)
+	}
+	assertRows(t, pool, `SELECT to_char(at AT TIME ZONE 'UTC','YYYY-MM-DD HH24:MI:SS.MS') FROM seen`, last.Format("2006-01-02 15:04:05.000"))
+	r = rec(t, 1, "b", times(`"2026-12-01T09:00:00Z"`, strconv.FormatInt(last.UnixMilli()+1, 10), `null`))
+	r.Timestamp = time.Time{}
+	if err := apply(t, pool, p, r); !processor.IsPermanent(err) || !strings.Contains(err.Error(), "beyond what a timestamptz holds") {
+		t.Fatalf("err = %v, want a record error", err)
 	}
 }
