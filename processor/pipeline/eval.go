@@ -94,8 +94,9 @@ func recordVar(rec *processor.Record) map[string]any {
 	}
 }
 
-// eval evaluates e; an evaluation error names e's key path. Under a
-// record's activation the evaluation stops when the batch's context ends:
+// eval evaluates e; an evaluation error names e's key path. Unless e is
+// bounded, under a record's activation the evaluation stops when the
+// batch's context ends:
 // the error then wraps the context's (ErrInterrupted), which is no fault
 // of the record. Past e's cost limit it stops with a record error that
 // says so.
@@ -104,6 +105,13 @@ func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
 		if v, ok := e.fast(act); ok {
 			return v, nil
 		}
+	}
+	if e.bounded {
+		v, _, err := e.prg.Eval(act)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s", e.shortKey(), err)
+		}
+		return v, nil
 	}
 	ctx := context.Background()
 	if a, ok := act.(*recordActivation); ok && a.ctx != nil {

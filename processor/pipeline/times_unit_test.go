@@ -56,3 +56,30 @@ func TestToTimeEdges(t *testing.T) {
 		})
 	}
 }
+
+// Expressions whose cost cannot pass the limit whatever the record skip
+// the cost tracking and the context; those that grow with the record keep
+// them.
+func TestBoundedExpressions(t *testing.T) {
+	env, err := newEnv(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &compiler{env: env}
+	for src, want := range map[string]bool{
+		"value.a.b":                        true,
+		"double(value.amount) * 2.0 + 1.0": true,
+		"record.offset > 10":               true,
+		"value.items.exists(x, x == 1)":    false,
+		`value.s.contains("x")`:            false,
+		"value.items.map(x, value.items.map(y, x + y)).size() > 0": false,
+	} {
+		e := c.compile("k", src, "")
+		if e == nil {
+			t.Fatalf("%s does not compile: %v", src, c.ps)
+		}
+		if e.bounded != want {
+			t.Errorf("%s: bounded %v, want %v", src, e.bounded, want)
+		}
+	}
+}
