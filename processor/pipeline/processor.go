@@ -244,7 +244,7 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 		for _, st := range states {
 			if err := p.collect(st, rec, act); err != nil {
 				if errors.Is(err, ErrInterrupted) {
-					return err // a stop, not the record's fault: the batch is retried
+					return fmt.Errorf("pipeline %s: %w", st.pl.name, err) // a stop, not the record's fault: the batch is retried
 				}
 				return processor.Permanent(&RecordError{Pipeline: st.pl.name,
 					Err: fmt.Errorf("record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)})
