@@ -24,7 +24,7 @@ pipelines:
     upsert:
       table: seen
       key:     { id: string(record.key) }
-      columns: { at: value.at, wall: value.wall }
+      columns: { at: value.at, wall: value.wall, at3: value.at, wall3: value.wall }
   - name: per_minute
     topic: orders
     format: json
@@ -37,12 +37,14 @@ pipelines:
 `
 
 const timesTables = `
-CREATE TABLE seen (id text PRIMARY KEY, at timestamptz, wall timestamp);
+CREATE TABLE seen (id text PRIMARY KEY, at timestamptz, wall timestamp, at3 timestamptz(3), wall3 timestamp(3));
 CREATE TABLE per_minute (minute timestamptz PRIMARY KEY, n bigint);
 `
 
 const (
-	seenRows      = `SELECT id||' '||to_char(at AT TIME ZONE 'UTC','YYYY-MM-DD HH24:MI:SS.MS')||' '||to_char(wall,'YYYY-MM-DD HH24:MI:SS.MS') FROM seen ORDER BY id`
+	seenRows = `SELECT id||' '||to_char(at AT TIME ZONE 'UTC','YYYY-MM-DD HH24:MI:SS.MS')||' '||to_char(wall,'YYYY-MM-DD HH24:MI:SS.MS')
+	  ||coalesce(nullif(' '||to_char(at3 AT TIME ZONE 'UTC','YYYY-MM-DD HH24:MI:SS.MS'), ' '||to_char(at AT TIME ZONE 'UTC','YYYY-MM-DD HH24:MI:SS.MS')), '')
+	  ||coalesce(nullif(' '||to_char(wall3,'YYYY-MM-DD HH24:MI:SS.MS'), ' '||to_char(wall,'YYYY-MM-DD HH24:MI:SS.MS')), '') FROM seen ORDER BY id`
 	perMinuteRows = `SELECT to_char(minute AT TIME ZONE 'UTC','YYYY-MM-DD HH24:MI')||' '||n FROM per_minute ORDER BY minute`
 )
 
@@ -80,7 +82,8 @@ func TestTimesAreReadAlikeEverywhere(t *testing.T) {
 	}
 	t.Run("timestamp", func(t *testing.T) {
 		yaml := strings.NewReplacer("time: value.ts", "time: record.timestamp",
-			"at: value.at", "at: record.timestamp", "wall: value.wall", "wall: record.timestamp").Replace(timesYAML)
+			"at: value.at", "at: record.timestamp", "wall: value.wall", "wall: record.timestamp",
+			"at3: value.at", "at3: record.timestamp", "wall3: value.wall", "wall3: record.timestamp").Replace(timesYAML)
 		pool, p := setup(t, yaml, timesTables)
 		if err := apply(t, pool, p, rec(t, 3, "a", `{}`)); err != nil {
 			t.Fatal(err)

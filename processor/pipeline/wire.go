@@ -69,13 +69,19 @@ func (k wireKind) value(v ref.Val, pgType string, b timeBounds) (any, error) {
 	if _, ok := v.(types.Null); ok {
 		return nil, nil
 	}
-	if k == wireText && pgType == "timestamp without time zone" {
-		if x, ok := v.(types.String); ok && isWallTime(string(x)) {
+	if k == wireText && strings.HasPrefix(pgType, "timestamp") {
+		// timestamp, and timestamp(p) with or without time zone: the text
+		// of what toTime reads, cast by the statement.
+		withZone := strings.HasSuffix(pgType, " with time zone")
+		if x, ok := v.(types.String); ok && !withZone && isWallTime(string(x)) {
 			return string(x), nil // a time without a zone is this column's own kind
 		}
 		t, err := toTime(v, b)
 		if err != nil {
 			return nil, fmt.Errorf("for a %s column: %w", pgType, err)
+		}
+		if withZone {
+			return t.UTC().Format(time.RFC3339Nano), nil
 		}
 		return t.UTC().Format("2006-01-02 15:04:05.999999"), nil // the UTC wall time
 	}
