@@ -196,8 +196,8 @@ func (c *compiler) compile(key, src, column string) *expr {
 	// record (no comprehension, no string or list work that grows with
 	// the value: value.a.b, double(value.amount) * 2.0) needs neither,
 	// and is spared their cost per evaluation (a cost tracker and a
-	// context per evaluation, about 40% of the interpreter's time on
-	// such expressions).
+	// context: with them on every expression, the order pipelines of the
+	// tests took 85 allocations per record instead of 49; 56 now).
 	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize)}
 	bounded := est.Max <= limit
 	if !bounded {

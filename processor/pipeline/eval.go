@@ -96,10 +96,9 @@ func recordVar(rec *processor.Record) map[string]any {
 
 // eval evaluates e; an evaluation error names e's key path. Unless e is
 // bounded, under a record's activation the evaluation stops when the
-// batch's context ends:
-// the error then wraps the context's (ErrInterrupted), which is no fault
-// of the record. Past e's cost limit it stops with a record error that
-// says so.
+// batch's context ends, with an error wrapping ErrInterrupted and the
+// context's (no fault of the record), and past e's cost limit, with a
+// record error that says so.
 func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
 	if e.path != nil {
 		if v, ok := e.fast(act); ok {
