@@ -61,10 +61,11 @@ type TimeWindow struct {
 const (
 	DefaultEpochMillisPast   = 7305 * 24 * time.Hour // 20 years
 	DefaultEpochMillisFuture = 24 * time.Hour
-	// DefaultCostLimit bounds one expression on one record to about a
-	// tenth of a second of one core and some 20 MB (the quadratic
-	// comprehension on a 6 KB record, stopped there); ordinary expressions
-	// cost under a hundred, a comprehension some ten per element.
+	// DefaultCostLimit bounds one expression on one record to 0.1-0.5 s
+	// of one core (by the machine's load) and some 20 MB: the issue's
+	// quadratic comprehension on a 6 KB record, stopped there. Ordinary
+	// expressions cost under a hundred, a comprehension some six to
+	// fourteen per element.
 	DefaultCostLimit = 1_000_000
 )
 
