@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -314,6 +315,43 @@ func Load(path string, environ []string) (Config, error) {
 	return c, nil
 }
 
+// yamlSyntax splits a yaml syntax error: "yaml: line N: problem".
+var yamlSyntax = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// yamlError is err, raw's syntax error, on one line, naming the line of
+// the problem. The yaml package names the line above the block the
+// problem is in (a mis-indented key deep in the tenth pipeline is
+// reported where the pipelines list starts): the problem's line is the
+// first from there whose prefix of raw fails the same way.
+func yamlError(raw []byte, err error) string {
+	msg := oneLine(err.Error())
+	m := yamlSyntax.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	from, _ := strconv.Atoi(m[1])
+	lines := strings.SplitAfter(string(raw), "\n")
+	var prefix strings.Builder
+	for i, l := range lines {
+		prefix.WriteString(l)
+		if i+1 <= from {
+			continue
+		}
+		var doc yaml.Node
+		perr := yaml.Unmarshal([]byte(prefix.String()), &doc)
+		if perr == nil {
+			continue
+		}
+		if pm := yamlSyntax.FindStringSubmatch(oneLine(perr.Error())); pm != nil && pm[2] == m[2] {
+			if i+1 == from {
+				break
+			}
+			return fmt.Sprintf("line %d: %s (in the block from line %d)", i+1, m[2], from+1)
+		}
+	}
+	return strings.TrimPrefix(msg, "yaml: ")
+}
+
 // loadFile overlays the YAML file at path.
 func (c *Config) loadFile(path string) []Problem {
 	raw, err := os.ReadFile(path)
@@ -323,7 +361,7 @@ func (c *Config) loadFile(path string) []Problem {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		// yaml syntax errors name a line and a token class, never a value.
-		return []Problem{{Key: path, Reason: "not valid YAML: " + oneLine(err.Error())}}
+		return []Problem{{Key: path, Reason: "not valid YAML: " + yamlError(raw, err)}}
 	}
 	if len(doc.Content) == 0 {
 		return nil // empty file

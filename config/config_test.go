@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -333,6 +334,44 @@ func TestParseByteSize(t *testing.T) {
 			}
 			if err != nil || got != c.want || got.String() != c.text {
 				t.Fatalf("ParseByteSize(%q) = %d (%s), %v; want %d (%s)", c.in, got, got, err, c.want, c.text)
+			}
+		})
+	}
+}
+
+// A YAML syntax error names the line of the problem, not the line above
+// the block it is in: a key mis-indented on line 44, in the fifth of a
+// list of pipelines, is reported at line 44 (yaml says line 38, the line
+// above that pipeline, or line 6 for a problem in the first pipeline).
+func TestYAMLErrorNamesTheBadLine(t *testing.T) {
+	pipeline := func(i int, keyIndent string) string {
+		return fmt.Sprintf("  - name: p%d\n    topic: orders\n    format: json\n    upsert:\n      table: t%d\n"+
+			"%skey: { id: string(record.key) }\n      columns:\n        a: value.a\n", i, i, keyIndent)
+	}
+	cases := []struct {
+		name string
+		bad  int // which pipeline has the mis-indented key
+		line string
+	}{
+		{"fifth pipeline", 4, "line 44: did not find expected key (in the block from line 39)"},
+		{"first pipeline", 0, "line 12: did not find expected key (in the block from line 7)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			body := "# pipelines\nkafka:\n  brokers: [a:1]\n  topics: [orders]\n\npipelines:\n"
+			for i := range 6 {
+				indent := "      "
+				if i == tc.bad {
+					indent = "     "
+				}
+				body += pipeline(i, indent)
+			}
+			if got := strings.Split(body, "\n")[tc.bad*8+11]; !strings.HasPrefix(got, "     key:") {
+				t.Fatalf("the bad line is %q", got)
+			}
+			ce := problems(t, writeFile(t, body))
+			if want := "not valid YAML: " + tc.line; !strings.Contains(ce.Error(), want) {
+				t.Fatalf("got %q, want it to contain %q", ce, want)
 			}
 		})
 	}

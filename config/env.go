@@ -41,6 +41,10 @@ func (c *Config) applyEnv(environ []string) ([]Problem, map[string]string) {
 		k, ok := byEnv[name]
 		if !ok {
 			rest := strings.ToLower(strings.TrimPrefix(name, envPrefix))
+			if rest == "pipelines" || strings.HasPrefix(rest, "pipelines_") {
+				ps = append(ps, Problem{Env: name, Reason: "pipelines are read from the configuration file only (pipelines: in the YAML file)"})
+				continue
+			}
 			if slices.ContainsFunc(ours, func(s string) bool { return strings.HasPrefix(rest, s+"_") }) {
 				reason := "unknown variable"
 				if near := nearest(name, envNames); near != "" {

@@ -57,6 +57,16 @@ func TestEnvironmentStrict(t *testing.T) {
 			t.Errorf("got\n%s\nwant\n%s", got, strings.Join(want, "\n"))
 		}
 	})
+	t.Run("pipelines are file only", func(t *testing.T) {
+		ce := problems(t, "", "RATCHET_PIPELINES=[{name: a}]", "RATCHET_PIPELINES_0_NAME=a")
+		want := []string{
+			"RATCHET_PIPELINES: pipelines are read from the configuration file only (pipelines: in the YAML file)",
+			"RATCHET_PIPELINES_0_NAME: pipelines are read from the configuration file only (pipelines: in the YAML file)",
+		}
+		if got := ce.Error(); got != strings.Join(want, "\n") {
+			t.Errorf("got\n%s\nwant\n%s", got, strings.Join(want, "\n"))
+		}
+	})
 	t.Run("other variables ignored", func(t *testing.T) {
 		mustLoad(t, "",
 			"RATCHET_TEST_POSTGRES_URL=postgres://elsewhere/x",

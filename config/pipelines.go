@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,6 +39,54 @@ type Pipeline struct {
 	Where  string // empty: every record
 	Upsert *Upsert
 	Rollup *Rollup
+	// EpochMillisWindow (epoch_millis_window) bounds a time given as epoch
+	// milliseconds around the record's Kafka timestamp; zero fields take
+	// the defaults (see Window).
+	EpochMillisWindow TimeWindow
+	// CostLimit (cost_limit) bounds the CEL cost of each evaluation of one
+	// of the pipeline's expressions; 0 takes DefaultCostLimit.
+	CostLimit uint64
+}
+
+// TimeWindow is how far before and after a reference time a time may be.
+type TimeWindow struct {
+	Past, Future time.Duration
+}
+
+// Defaults of a pipeline's epoch_millis_window and cost_limit. Twenty years
+// back lets backfills of old history in, while epoch seconds read as
+// milliseconds (January 1970, whatever the year) stay out; a day ahead
+// allows for producers' clocks, while microseconds and nanoseconds read as
+// milliseconds (tens of thousands of years ahead, or more) stay out.
+const (
+	DefaultEpochMillisPast   = 7305 * 24 * time.Hour // 20 years
+	DefaultEpochMillisFuture = 24 * time.Hour
+	// DefaultCostLimit bounds one expression on one record to 0.1-0.5 s
+	// of one core (by the machine's load) and some 20 MB: the issue's
+	// quadratic comprehension on a 6 KB record, stopped there. Ordinary
+	// expressions cost under a hundred, a comprehension some six to
+	// fourteen per element.
+	DefaultCostLimit = 1_000_000
+)
+
+// Window returns p's epoch_millis_window, defaults filled in.
+func (p Pipeline) Window() TimeWindow {
+	w := p.EpochMillisWindow
+	if w.Past == 0 {
+		w.Past = DefaultEpochMillisPast
+	}
+	if w.Future == 0 {
+		w.Future = DefaultEpochMillisFuture
+	}
+	return w
+}
+
+// Cost returns p's cost_limit, the default filled in.
+func (p Pipeline) Cost() uint64 {
+	if p.CostLimit == 0 {
+		return DefaultCostLimit
+	}
+	return p.CostLimit
 }
 
 // Column is a column name and the CEL expression that yields its value.
@@ -132,8 +181,22 @@ func loadPipeline(i int, n *yaml.Node) (Pipeline, []Problem) {
 			}
 			r, rps := loadRollup(k, v)
 			p.Rollup, ps = r, append(ps, rps...)
+		case "epoch_millis_window":
+			ps = append(ps, loadWindow(k, v, &p.EpochMillisWindow)...)
+		case "cost_limit":
+			var s string
+			if sps := scalarInto(k, v, &s); len(sps) > 0 {
+				ps = append(ps, sps...)
+				continue
+			}
+			n, err := strconv.ParseUint(strings.ReplaceAll(s, "_", ""), 10, 64)
+			if err != nil || n == 0 {
+				ps = append(ps, Problem{Key: k, Value: s, Allowed: "a whole number above 0 (default 1000000)"})
+				continue
+			}
+			p.CostLimit = n
 		default:
-			ps = append(ps, unknownIn(k, name, "name", "topic", "format", "where", "upsert", "rollup"))
+			ps = append(ps, unknownIn(k, name, "name", "topic", "format", "where", "upsert", "rollup", "epoch_millis_window", "cost_limit"))
 		}
 	}
 	return p, ps
@@ -219,6 +282,58 @@ func loadRollup(key string, n *yaml.Node) (*Rollup, []Problem) {
 		}
 	}
 	return r, ps
+}
+
+// loadWindow reads {past, future}: durations, in Go's units or whole days
+// (7305d).
+func loadWindow(key string, n *yaml.Node, w *TimeWindow) []Problem {
+	if isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return []Problem{{Key: key, Value: nodeText(n), Allowed: "a mapping with past and future, such as {past: 7305d, future: 1d}"}}
+	}
+	var ps []Problem
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		name, v := n.Content[j].Value, resolve(n.Content[j+1])
+		k := key + "." + name
+		var dst *time.Duration
+		switch name {
+		case "past":
+			dst = &w.Past
+		case "future":
+			dst = &w.Future
+		default:
+			ps = append(ps, unknownIn(k, name, "past", "future"))
+			continue
+		}
+		var s string
+		if sps := scalarInto(k, v, &s); len(sps) > 0 {
+			ps = append(ps, sps...)
+			continue
+		}
+		d, ok := parseDays(s)
+		if !ok || d <= 0 {
+			ps = append(ps, Problem{Key: k, Value: s, Allowed: "a duration above 0, such as 7305d or 36h"})
+			continue
+		}
+		*dst = d
+	}
+	return ps
+}
+
+// parseDays reads a duration in whole days (30d) or as time.ParseDuration
+// does.
+func parseDays(s string) (time.Duration, bool) {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.ParseInt(n, 10, 64)
+		if err != nil || days > 100_000 || days < 0 {
+			return 0, false
+		}
+		return time.Duration(days) * 24 * time.Hour, true
+	}
+	d, err := time.ParseDuration(s)
+	return d, err == nil
 }
 
 func scalarInto(k string, v *yaml.Node, dst *string) []Problem {
@@ -341,7 +456,8 @@ func validateColumns(v *validator, key string, cols []Column, seen map[string]st
 		}
 		lc := strings.ToLower(col.Name)
 		if other, dup := seen[lc]; dup {
-			v.bad(ck, col.Name, "a column not already written by "+other)
+			v.ps = append(v.ps, Problem{Key: ck, Reason: "column " + lc + " is written twice: " + other +
+				" writes it too (column names are case-insensitive)"})
 			continue
 		}
 		seen[lc] = ck

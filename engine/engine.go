@@ -134,6 +134,7 @@ func newEngine(cfg config.Config, opts Options) (*engine, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	warnRollupReplays(cfg, opts.Logger)
 	if opts.Owner == "" {
 		opts.Owner = cfg.Kafka.InstanceID
 	}

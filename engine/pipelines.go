@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -28,6 +29,27 @@ func compilePipelines(cfg config.Config, opts Options) (*pipeline.Set, error) {
 		return nil, errPipelinesAndProcessor
 	}
 	return pipeline.Compile(cfg)
+}
+
+// warnRollupReplays warns, once per run, that with commit.mode
+// at-least-once the rollups count replayed records again: after a crash
+// the records since the last commit are applied a second time, and a sum
+// or a count cannot tell. Upserts are not named: a replay writes the same
+// rows again.
+func warnRollupReplays(cfg config.Config, log *slog.Logger) {
+	if cfg.Commit.Mode != config.ModeAtLeastOnce {
+		return
+	}
+	var rollups []string
+	for _, p := range cfg.Pipelines {
+		if p.Rollup != nil {
+			rollups = append(rollups, p.Name)
+		}
+	}
+	if len(rollups) > 0 {
+		log.Warn("rollup pipelines with commit.mode at-least-once: records replayed after a crash are counted twice (use exactly-once for exact aggregates)",
+			"pipelines", rollups)
+	}
 }
 
 // bindPipelines checks the pipelines against the database and returns

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -81,7 +82,7 @@ func BenchmarkCollect(b *testing.B) {
 	for b.Loop() {
 		rec := &recs[i%len(recs)]
 		var act interpreter.Activation
-		if act, err = activation(rec, "json", set.adapter); err != nil {
+		if act, err = activation(context.Background(), rec, "json", set.adapter); err != nil {
 			b.Fatal(err)
 		}
 		for _, st := range states {
@@ -119,7 +120,7 @@ func BenchmarkCollectDashboard(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		rec := &recs[i%len(recs)]
-		act, _ := activation(rec, "event", set.adapter)
+		act, _ := activation(context.Background(), rec, "event", set.adapter)
 		if err := p.collect(st, rec, act); err != nil {
 			b.Fatal(err)
 		}

@@ -19,6 +19,13 @@
 //     bucket column. It also learns each column's type, which decides how
 //     the writes send its values (wire.go: typed arrays for the common
 //     types, text cast in the statement for the others).
+//   - toTime (times.go) reads every time a pipeline takes (a rollup's
+//     time, timestamp columns): a timestamp, RFC 3339 with a zone, or
+//     epoch milliseconds within the pipeline's epoch_millis_window of the
+//     record's timestamp, always within what a timestamptz holds.
+//     Every evaluation of an expression whose cost grows with the record
+//     is bounded by the pipeline's cost_limit (a record error past it) and
+//     stopped by the batch's context (a retry, ErrInterrupted).
 //   - Processor (processor.go) applies a batch: for each record, in offset
 //     order, every pipeline of its topic evaluates its expressions; upsert
 //     rows collapse per key (the last offset wins, a tombstone may delete),

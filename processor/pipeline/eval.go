@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,9 +23,10 @@ import (
 
 // activation returns the CEL variables of rec: value (what the topic's
 // format decoded) and record (its Kafka metadata, built on first use: most
-// pipelines read only value). It is used on one goroutine, for one record.
-func activation(rec *processor.Record, format string, adapter types.Adapter) (interpreter.Activation, error) {
-	a := &recordActivation{rec: rec, adapter: adapter}
+// pipelines read only value). It is used on one goroutine, for one record;
+// evaluations under it stop when ctx (the batch's) ends.
+func activation(ctx context.Context, rec *processor.Record, format string, adapter types.Adapter) (interpreter.Activation, error) {
+	a := &recordActivation{ctx: ctx, rec: rec, adapter: adapter}
 	switch {
 	case rec.Value == nil:
 	case format == "event":
@@ -39,6 +41,7 @@ func activation(rec *processor.Record, format string, adapter types.Adapter) (in
 
 // recordActivation resolves value and record for one record.
 type recordActivation struct {
+	ctx     context.Context
 	rec     *processor.Record
 	adapter types.Adapter
 	value   any
@@ -91,19 +94,45 @@ func recordVar(rec *processor.Record) map[string]any {
 	}
 }
 
-// eval evaluates e; an evaluation error names e's key path.
+// eval evaluates e; an evaluation error names e's key path. Unless e is
+// bounded, under a record's activation the evaluation stops when the
+// batch's context ends, with an error wrapping ErrInterrupted and the
+// context's (no fault of the record), and past e's cost limit, with a
+// record error that says so.
 func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
 	if e.path != nil {
 		if v, ok := e.fast(act); ok {
 			return v, nil
 		}
 	}
-	v, _, err := e.prg.Eval(act)
+	if e.bounded {
+		v, _, err := e.prg.Eval(act)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s", e.shortKey(), err)
+		}
+		return v, nil
+	}
+	ctx := context.Background()
+	if a, ok := act.(*recordActivation); ok && a.ctx != nil {
+		ctx = a.ctx
+	}
+	v, _, err := e.prg.ContextEval(ctx, act)
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("%s: %w: %w", e.shortKey(), ErrInterrupted, cerr)
+		}
+		var cancelled interpreter.EvalCancelledError
+		if errors.As(err, &cancelled) && cancelled.Cause == interpreter.CostLimitExceeded {
+			return nil, fmt.Errorf("%s: CEL cost over the pipeline's cost_limit %d on this record", e.shortKey(), e.costLimit)
+		}
 		return nil, fmt.Errorf("%s: %s", e.shortKey(), err)
 	}
 	return v, nil
 }
+
+// ErrInterrupted wraps the error of an evaluation the batch's context
+// stopped: the batch is to be retried, not its record dead-lettered.
+var ErrInterrupted = errors.New("evaluation interrupted")
 
 // fast evaluates a field path of value (value.a.b) without the CEL
 // interpreter, on a JSON or Avro map or a ratchet.v1.Event. It returns
@@ -238,37 +267,6 @@ func formatFloat(f float64) string {
 		return "-Infinity"
 	}
 	return strconv.FormatFloat(f, 'g', -1, 64)
-}
-
-// eventTime reads a rollup's time: a timestamp, an RFC 3339 string, or
-// epoch milliseconds (int, uint or double).
-func eventTime(v ref.Val) (time.Time, error) {
-	switch x := v.(type) {
-	case types.Timestamp:
-		return x.Time, nil
-	case types.String:
-		t, err := time.Parse(time.RFC3339Nano, string(x))
-		if err != nil {
-			return time.Time{}, fmt.Errorf("%q is not an RFC 3339 time", string(x))
-		}
-		return t, nil
-	case types.Int:
-		return time.UnixMilli(int64(x)), nil
-	case types.Uint:
-		if uint64(x) > math.MaxInt64 {
-			return time.Time{}, fmt.Errorf("%d epoch milliseconds is out of range", uint64(x))
-		}
-		return time.UnixMilli(int64(x)), nil
-	case types.Double:
-		f := float64(x)
-		if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > 1e17 {
-			return time.Time{}, fmt.Errorf("%v epoch milliseconds is out of range", f)
-		}
-		return time.UnixMicro(int64(math.Round(f * 1000))), nil
-	case types.Null:
-		return time.Time{}, errors.New("no time (null)")
-	}
-	return time.Time{}, fmt.Errorf("a %s is not a time (a timestamp, an RFC 3339 string or epoch milliseconds)", v.Type().TypeName())
 }
 
 // bucketStart is the start of t's bucket, buckets aligned to the Unix

@@ -194,7 +194,7 @@ func TestRecordErrorsNameThePipeline(t *testing.T) {
 		where             string // replaces the orders pipeline's where
 	}{
 		{"missing field", `{"status":"new","amount":1,"ts":"2026-12-01T09:00:00Z"}`, "pipeline orders: record orders[0]@1: upsert.columns.customer: no such key: customer", ""},
-		{"time does not parse", order("o", "new", "c", "fr", "1", "yesterday"), "pipeline revenue_per_minute: record orders[0]@1: rollup.time: \"yesterday\" is not an RFC 3339 time", ""},
+		{"time does not parse", order("o", "new", "c", "fr", "1", "yesterday"), "pipeline revenue_per_minute: record orders[0]@1: rollup.time: a string that is not an RFC 3339 time", ""},
 		{"amount not a number", order("o", "new", "c", "fr", `"ten"`, "2026-12-01T09:00:00Z"), "pipeline orders: record orders[0]@1: upsert.columns.amount:", ""},
 		{"where not a bool", `{"status":"new","flag":"yes","amount":1,"ts":"2026-12-01T09:00:00Z","customer":{"id":"c","country":"fr"}}`,
 			"pipeline orders: record orders[0]@1: where: yields string, not a bool", "value.flag"},

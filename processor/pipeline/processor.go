@@ -3,6 +3,7 @@ package pipeline
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -236,12 +237,15 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 	format := p.set.formats[b.Topic]
 	for i := range b.Records {
 		rec := &b.Records[i]
-		act, err := activation(rec, format, p.set.adapter)
+		act, err := activation(ctx, rec, format, p.set.adapter)
 		if err != nil {
 			return fmt.Errorf("pipelines: CEL activation: %w", err)
 		}
 		for _, st := range states {
 			if err := p.collect(st, rec, act); err != nil {
+				if errors.Is(err, ErrInterrupted) {
+					return fmt.Errorf("pipeline %s: %w", st.pl.name, err) // a stop, not the record's fault: the batch is retried
+				}
 				return processor.Permanent(&RecordError{Pipeline: st.pl.name,
 					Err: fmt.Errorf("record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)})
 			}
@@ -316,7 +320,7 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 	if err != nil {
 		return err
 	}
-	t, err := eventTime(tv)
+	t, err := toTime(tv, r.time.bounds(act))
 	if err != nil {
 		return fmt.Errorf("%s: %w", r.time.shortKey(), err)
 	}
@@ -400,7 +404,7 @@ func evalColumns(cols []*expr, sql *statements, first int, act interpreter.Activ
 		if err != nil {
 			return nil, "", err
 		}
-		x, err := sql.kinds[first+i].value(v, sql.types[first+i])
+		x, err := sql.kinds[first+i].value(v, sql.types[first+i], c.bounds(act))
 		if err != nil {
 			return nil, "", fmt.Errorf("%s: %w", c.shortKey(), err)
 		}

@@ -63,10 +63,27 @@ func (k wireKind) arrayType() string {
 
 // value converts a CEL value for a column of kind k and type pgType:
 // string, int64, float64, time.Time, bool, or nil for NULL. A value that
-// cannot be one is an error naming what it is.
-func (k wireKind) value(v ref.Val, pgType string) (any, error) {
+// cannot be one is an error naming what it is. Timestamp columns take
+// what toTime takes, numbers checked against b.
+func (k wireKind) value(v ref.Val, pgType string, b timeBounds) (any, error) {
 	if _, ok := v.(types.Null); ok {
 		return nil, nil
+	}
+	if k == wireText && strings.HasPrefix(pgType, "timestamp") {
+		// timestamp, and timestamp(p) with or without time zone: the text
+		// of what toTime reads, cast by the statement.
+		withZone := strings.HasSuffix(pgType, " with time zone")
+		if x, ok := v.(types.String); ok && !withZone && isWallTime(string(x)) {
+			return string(x), nil // a time without a zone is this column's own kind
+		}
+		t, err := toTime(v, b)
+		if err != nil {
+			return nil, fmt.Errorf("for a %s column: %w", pgType, err)
+		}
+		if withZone {
+			return t.UTC().Format(time.RFC3339Nano), nil
+		}
+		return t.UTC().Format("2006-01-02 15:04:05.999999"), nil // the UTC wall time
 	}
 	switch k {
 	case wireInt:
@@ -102,15 +119,11 @@ func (k wireKind) value(v ref.Val, pgType string) (any, error) {
 		}
 		return nil, fmt.Errorf("%s is not a number for a %s column", show(v), pgType)
 	case wireTime:
-		switch x := v.(type) {
-		case types.Timestamp:
-			return x.Time, nil
-		case types.String:
-			if t, err := time.Parse(time.RFC3339Nano, string(x)); err == nil {
-				return t, nil
-			}
+		t, err := toTime(v, b)
+		if err != nil {
+			return nil, fmt.Errorf("for a %s column: %w", pgType, err)
 		}
-		return nil, fmt.Errorf("%s is not a timestamp (or an RFC 3339 string) for a %s column", show(v), pgType)
+		return t, nil
 	case wireBool:
 		switch x := v.(type) {
 		case types.Bool:
