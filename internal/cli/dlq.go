@@ -36,7 +36,8 @@ const HeaderReplayedFrom = "ratchet.replayed_from"
 // dlqHeaders are the headers the DLQ actor adds; everything else on a dead
 // letter is the original record's.
 var dlqHeaders = []string{actors.HeaderError, actors.HeaderTopic, actors.HeaderPartition, actors.HeaderOffset,
-	actors.HeaderAttempts, actors.HeaderFailedAt, HeaderReplayedFrom, actors.HeaderReplayGroup}
+	actors.HeaderAttempts, actors.HeaderFailedAt, actors.HeaderReason, actors.HeaderPipeline, actors.HeaderSQLState,
+	HeaderReplayedFrom, actors.HeaderReplayGroup}
 
 func dlqCmd(ctx context.Context, e *env, args []string) error {
 	if len(args) > 0 {
