@@ -188,6 +188,7 @@ func TestPipelinesCheckSample(t *testing.T) {
 		if code != ExitConfig {
 			t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, ExitConfig, stdout, stderr)
 		}
+		t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
 		for _, want := range []string{
 			"ratchet: config: pipelines[0]: pipeline orders would dead-letter 18 of 20 sampled records of orders (90%), more than --threshold 0.5; mostly expression, e.g. offset 20 of partition 0: ",
 			"amout",
