@@ -161,7 +161,7 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 			keys = append(keys, h.Key)
 		}
 		want := []string{"trace", "origin", actors.HeaderError, actors.HeaderTopic, actors.HeaderPartition,
-			actors.HeaderOffset, actors.HeaderAttempts, actors.HeaderFailedAt}
+			actors.HeaderOffset, actors.HeaderAttempts, actors.HeaderFailedAt, actors.HeaderReason, actors.HeaderSQLState}
 		if strings.Join(keys, ",") != strings.Join(want, ",") {
 			t.Errorf("dead letter headers %v, want %v", keys, want)
 		}
