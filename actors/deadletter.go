@@ -68,7 +68,7 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, batch tracing.Ba
 		send := batch.StartSend(cfg.DLQTopic)
 		letters[i].Trace = send
 		if send.Recording() {
-			send.String("ratchet.dead_letter.reason", l.Reason.Error())
+			send.String("ratchet.dead_letter.reason", cfg.DeadLetterLog.Text(l.Reason))
 			send.String("ratchet.dead_letter.topic", l.Record.Topic)
 			send.Int("ratchet.dead_letter.partition", int64(l.Record.Partition))
 			send.Int("ratchet.dead_letter.offset", l.Record.Offset)

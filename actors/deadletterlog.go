@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"ratchet/internal/event"
+	"ratchet/internal/redact"
 	"ratchet/processor"
 )
 
@@ -60,6 +61,9 @@ type DeadLetterLogConfig struct {
 	Interval time.Duration // least time between two summary lines of one class
 	Logger   *slog.Logger
 	Clock    Clock // nil: SystemClock
+	// IncludeValues writes the errors as they are (log.include_values);
+	// otherwise the record values they quote are replaced (redact.Values).
+	IncludeValues bool
 }
 
 // DeadLetterLog writes the log lines about dead letters for the whole
@@ -119,7 +123,7 @@ func NewDeadLetterLog(cfg DeadLetterLogConfig) *DeadLetterLog {
 func (l *DeadLetterLog) Record(fallback *slog.Logger, letters []Letter) {
 	if l == nil {
 		for i := range letters {
-			logDeadLetter(fallback, &letters[i])
+			logDeadLetter(fallback, &letters[i], false)
 		}
 		return
 	}
@@ -129,7 +133,7 @@ func (l *DeadLetterLog) Record(fallback *slog.Logger, letters []Letter) {
 	case DeadLetterLogSummary:
 	default:
 		for i := range letters {
-			logDeadLetter(l.cfg.Logger, &letters[i])
+			logDeadLetter(l.cfg.Logger, &letters[i], l.cfg.IncludeValues)
 		}
 		return
 	}
@@ -139,7 +143,7 @@ func (l *DeadLetterLog) Record(fallback *slog.Logger, letters []Letter) {
 	for i := range letters {
 		lt := &letters[i]
 		if l.closed {
-			logDeadLetter(l.cfg.Logger, lt)
+			logDeadLetter(l.cfg.Logger, lt, l.cfg.IncludeValues)
 			continue
 		}
 		k := deadLetterClassKey{topic: lt.Record.Topic, Reason: reasonOf(lt)}
@@ -149,7 +153,7 @@ func (l *DeadLetterLog) Record(fallback *slog.Logger, letters []Letter) {
 			l.classes[k] = c
 		}
 		if c.count == 0 && (c.lastLine.IsZero() || now.Sub(c.lastLine) >= l.cfg.Interval) {
-			logDeadLetter(l.cfg.Logger, lt)
+			logDeadLetter(l.cfg.Logger, lt, l.cfg.IncludeValues)
 			c.lastLine = now
 			continue
 		}
@@ -242,13 +246,28 @@ func (l *DeadLetterLog) writeSummary(k deadLetterClassKey, c *deadLetterClass, n
 	l.cfg.Logger.Warn("dead letters", args...)
 }
 
+// Text returns err's text as the log, the traces and the page may show
+// it: without the record values it quotes unless IncludeValues (a nil
+// *DeadLetterLog redacts).
+func (l *DeadLetterLog) Text(err error) string {
+	return reasonText(err, l != nil && l.cfg.IncludeValues)
+}
+
+func reasonText(err error, includeValues bool) string {
+	if includeValues {
+		return err.Error()
+	}
+	return redact.Values(err.Error())
+}
+
 // logDeadLetter writes one dead letter in full: where it came from, the
-// batch it was cut or isolated from, the class and the whole error.
-func logDeadLetter(log *slog.Logger, l *Letter) {
+// batch it was cut or isolated from, the class and the error (its values
+// replaced unless includeValues).
+func logDeadLetter(log *slog.Logger, l *Letter, includeValues bool) {
 	r := l.Record
 	args := []any{"actor", "dlq", "offset", r.Offset, "attempts", l.Attempts}
 	args = append(args, reasonOf(l).logArgs()...)
-	args = append(args, "err", l.Reason.Error(), l.Trace.LogAttr())
+	args = append(args, "err", reasonText(l.Reason, includeValues), l.Trace.LogAttr())
 	log.Warn("dead letter", batchFields(r.Topic, r.Partition, l.batchStart, args...)...)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -265,7 +266,7 @@ func (e classedError) ReasonClass() string { return e.class }
 // names the pipeline, PostgreSQL's the SQLSTATE.
 func TestReasonClass(t *testing.T) {
 	unique := &pgconn.PgError{Code: "23505", Message: "duplicate key value violates unique constraint"}
-	numeric := &pgconn.PgError{Code: "22P02", Message: `invalid input syntax for type numeric: "4111 1111 1111 1111"`}
+	numeric := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: `invalid input syntax for type numeric: "4111 1111 1111 1111"`}
 	tests := []struct {
 		name   string
 		letter Letter
@@ -357,4 +358,48 @@ func TestPartitionDeadLettersSummarised(t *testing.T) {
 		t.Errorf("summary %v, want %d dead letters of decode json at 2: 1..9999", s, n-1)
 	}
 	t.Logf("%d dead letters: %d lines in all", n, len(rec.Lines("")))
+}
+
+// TestDeadLetterLogKeepsValuesOut: a dead letter's line names its
+// pipeline, reason class and SQLSTATE, and its error without the record's
+// values (an email address, a card number) unless log.include_values.
+func TestDeadLetterLogKeepsValuesOut(t *testing.T) {
+	numeric := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: `invalid input syntax for type numeric: "4111 1111 1111 1111"`}
+	letter := func() Letter {
+		return Letter{Record: processor.Record{Topic: "orders", Partition: 1, Offset: 9}, Attempts: 1,
+			Reason: fmt.Errorf("apply orders[1] offsets 9..10: %w", &pipelineError{"orders", fmt.Errorf("upsert 1 rows of orders: %w", numeric)})}
+	}
+	for _, tt := range []struct {
+		name          string
+		includeValues bool
+		wantErr       string
+	}{
+		{"default", false, `apply orders[1] offsets 9..10: pipeline orders: upsert 1 rows of orders: ERROR: invalid input syntax for type numeric: "…" (SQLSTATE 22P02)`},
+		{"opted in", true, `apply orders[1] offsets 9..10: pipeline orders: upsert 1 rows of orders: ERROR: invalid input syntax for type numeric: "4111 1111 1111 1111" (SQLSTATE 22P02)`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, mode := range []string{DeadLetterLogEach, DeadLetterLogSummary} {
+				rec := testenv.NewLogRecorder(slog.LevelInfo)
+				l := NewDeadLetterLog(DeadLetterLogConfig{Mode: mode, Interval: time.Second, Logger: rec.Logger(),
+					Clock: testenv.NewFakeClock(time.Unix(0, 0)), IncludeValues: tt.includeValues})
+				l.Record(nil, []Letter{letter()})
+				lines := rec.Lines("dead letter")
+				if len(lines) != 1 {
+					t.Fatalf("%s: %d lines, want 1", mode, len(lines))
+				}
+				a := lines[0].Attrs
+				if a["err"] != tt.wantErr || a["reason"] != "refused_by_postgres" || a["pipeline"] != "orders" || a["sqlstate"] != "22P02" {
+					t.Errorf("%s: line %v, want err %q, reason refused_by_postgres, pipeline orders, sqlstate 22P02", mode, a, tt.wantErr)
+				}
+			}
+		})
+	}
+	// Without a DeadLetterLog (library use) the fallback logger gets no
+	// values either.
+	rec := testenv.NewLogRecorder(slog.LevelInfo)
+	var l *DeadLetterLog
+	l.Record(rec.Logger(), []Letter{letter()})
+	if lines := rec.Lines("dead letter"); len(lines) != 1 || strings.Contains(fmt.Sprint(lines[0].Attrs["err"]), "4111") {
+		t.Errorf("fallback lines %v", lines)
+	}
 }

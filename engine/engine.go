@@ -374,7 +374,7 @@ func (e *engine) run(ctx context.Context) error {
 	// or, when the start ends early, by this defer: every dead letter
 	// counted is in the log. A letter of a partition that outlives the
 	// stop is logged in full (Close).
-	deadLetterLog := actors.NewDeadLetterLog(actors.DeadLetterLogConfig{Mode: cfg.Log.DeadLetters,
+	deadLetterLog := actors.NewDeadLetterLog(actors.DeadLetterLogConfig{Mode: cfg.Log.DeadLetters, IncludeValues: cfg.Log.IncludeValues,
 		Interval: cfg.Log.DeadLetterInterval, Logger: e.log, Clock: e.opts.Clock})
 	defer deadLetterLog.Close()
 	wg.Go(func() { deadLetterLog.Run(httpCtx) }) // ends with the HTTP server, after the supervisor stopped
