@@ -177,8 +177,8 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 	}
 	sum := 0
 	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 3 && f[0] == opsTopic {
-			c, _ := strconv.Atoi(f[2])
+		if f := strings.Fields(line); len(f) > 5 && f[0] == opsTopic {
+			c, _ := strconv.Atoi(f[4])
 			sum += c
 		}
 	}
