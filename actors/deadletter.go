@@ -73,8 +73,10 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, batch tracing.Ba
 			send.Int("ratchet.dead_letter.partition", int64(l.Record.Partition))
 			send.Int("ratchet.dead_letter.offset", l.Record.Offset)
 		}
+		reason := reasonOf(&l)
 		rows = append(rows, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
-			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt})
+			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt,
+			Reason: reason.Class, Pipeline: reason.Pipeline, SQLState: reason.SQLState})
 	}
 	cfg.DeadLetterLog.Record(cfg.Logger, letters)
 	w := &dlqWait{done: make(chan struct{})}

@@ -212,7 +212,8 @@ func (e *engine) run(ctx context.Context) error {
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer func() { stopHTTP(); wg.Wait() }() // a start that fails stops the server too
 	if cfg.HTTP.Addr != "" {
-		srv := web.New(web.Options{Addr: cfg.HTTP.Addr, Gatherer: e.reg, Logger: e.log, Source: starting})
+		srv := web.New(web.Options{Addr: cfg.HTTP.Addr, Gatherer: e.reg, Logger: e.log, Source: starting,
+			IncludeValues: cfg.Log.IncludeValues})
 		listening := make(chan error, 1)
 		wg.Go(func() { // ends when httpCtx is cancelled, after the supervisor stopped
 			err := srv.Run(httpCtx, func(addr string) {
