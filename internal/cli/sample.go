@@ -27,6 +27,7 @@ import (
 	"ratchet/actors"
 	"ratchet/config"
 	"ratchet/engine"
+	"ratchet/internal/redact"
 	"ratchet/internal/store"
 	"ratchet/processor"
 )
@@ -147,6 +148,9 @@ func (s *pipelineSample) deadShare() float64 {
 // them in a transaction it rolls back, writes what each pipeline would
 // have done to w, and returns a *config.Error (exit code 2) naming every
 // pipeline that dead-lettered more than threshold of its sample.
+//
+// The examples' reasons are shown without the record values they quote
+// unless log.include_values, as `dlq ls` shows them.
 func runSample(ctx context.Context, w io.Writer, cfg config.Config, pool *pgxpool.Pool, n int64, threshold float64) error {
 	counters := &sampleCounters{got: map[string]string{}}
 	sampler, err := engine.NewSampler(ctx, cfg, pool, counters)
@@ -227,6 +231,13 @@ func runSample(ctx context.Context, w io.Writer, cfg config.Config, pool *pgxpoo
 			continue
 		}
 		fmt.Fprintf(w, "sample of %s: offsets %s\n", topic, strings.Join(ranges, ", "))
+	}
+	if !cfg.Log.IncludeValues {
+		for _, s := range samples {
+			for _, r := range s.reasons {
+				r.text = redact.Values(r.text)
+			}
+		}
 	}
 	writeSample(w, samples)
 	var problems []config.Problem

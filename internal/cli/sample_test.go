@@ -245,7 +245,7 @@ func TestPipelinesCheckSample(t *testing.T) {
 		if got := strings.Join(rows["audit"], " "); got != "orders 20 19 0 0 0 1" {
 			t.Errorf("audit row %q, want %q", got, "orders 20 19 0 0 0 1")
 		}
-		if want := "1 refused_by_postgres (sqlstate 22P02), e.g. orders[1]@25: "; !strings.Contains(stdout, want) {
+		if want := `1 refused_by_postgres (sqlstate 22P02), e.g. orders[1]@25: pipeline orders: upsert 1 rows of orders: ERROR: invalid input syntax for type numeric: "…" (SQLSTATE 22P02)`; !strings.Contains(stdout, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, stdout)
 		}
 		untouched(t)
