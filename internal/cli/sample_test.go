@@ -223,7 +223,7 @@ func TestPipelinesCheckSample(t *testing.T) {
 		untouched(t)
 	})
 
-	t.Run("fixed", func(t *testing.T) {
+	fixed := func(t *testing.T, env []string) {
 		path := writeConfig(t, strings.Replace(sampleYAML, "AMOUNT", "value.amount", 1))
 		code, stdout, stderr := runCLI(t, env, "pipelines", "check", "--config", path, "--sample", "20")
 		if code != ExitOK {
@@ -249,5 +249,13 @@ func TestPipelinesCheckSample(t *testing.T) {
 			t.Errorf("stdout lacks %q:\n%s", want, stdout)
 		}
 		untouched(t)
+	}
+	t.Run("fixed", func(t *testing.T) { fixed(t, env) })
+	// Savepoints live inside the one transaction: the same run behind
+	// PgBouncer in transaction mode, whose small pool hands consecutive
+	// transactions other server sessions.
+	t.Run("behind pgbouncer", func(t *testing.T) {
+		bouncer := testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{PoolSize: 2})
+		fixed(t, []string{"RATCHET_POSTGRES_URL=" + bouncer.URL(), "RATCHET_KAFKA_BROKERS=" + addr})
 	})
 }
