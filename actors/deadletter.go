@@ -64,11 +64,14 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, batch tracing.Ba
 	for i := range letters {
 		letters[i].FailedAt = now
 		l := letters[i]
-		batch.RecordFailed(l.Record.Offset, l.Reason)
+		// Spans get the reason as the log does: without the record's
+		// values unless log.include_values.
+		shown := cfg.DeadLetterLog.Text(l.Reason)
+		batch.RecordFailed(l.Record.Offset, errors.New(shown))
 		send := batch.StartSend(cfg.DLQTopic)
 		letters[i].Trace = send
 		if send.Recording() {
-			send.String("ratchet.dead_letter.reason", cfg.DeadLetterLog.Text(l.Reason))
+			send.String("ratchet.dead_letter.reason", shown)
 			send.String("ratchet.dead_letter.topic", l.Record.Topic)
 			send.Int("ratchet.dead_letter.partition", int64(l.Record.Partition))
 			send.Int("ratchet.dead_letter.offset", l.Record.Offset)
