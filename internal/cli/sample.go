@@ -12,6 +12,7 @@ package cli
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -259,8 +260,12 @@ func runSample(ctx context.Context, w io.Writer, cfg config.Config, pool *pgxpoo
 // the engine would dead-letter) is counted against the pipeline it names,
 // or every pipeline of the topic when it names none (a decode failure);
 // any other error (the database unreachable, a table's fault) ends the
-// sample: it says nothing about the record.
+// sample: it says nothing about the record. A record `ratchet dlq replay`
+// re-produced for another consumer group is not counted.
 func applySample(ctx context.Context, tx pgx.Tx, proc processor.Processor, counters *sampleCounters, pls []*pipelineSample, rec processor.Record, decodeErr error) error {
+	if errors.Is(decodeErr, actors.ErrSkip) {
+		return nil // a replay for another consumer group: the engine passes it by, so does the sample
+	}
 	for _, s := range pls {
 		s.sampled++
 	}

@@ -10,8 +10,10 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 
+	"ratchet/actors"
 	"ratchet/config"
 	"ratchet/internal/testenv"
+	"ratchet/processor"
 )
 
 func TestSplitSample(t *testing.T) {
@@ -258,4 +260,15 @@ func TestPipelinesCheckSample(t *testing.T) {
 		bouncer := testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{PoolSize: 2})
 		fixed(t, []string{"RATCHET_POSTGRES_URL=" + bouncer.URL(), "RATCHET_KAFKA_BROKERS=" + addr})
 	})
+}
+
+// A record `dlq replay` re-produced for another consumer group is passed
+// by, as the engine passes it by: neither sampled nor dead-lettered.
+func TestApplySampleSkipsReplaysOfOtherGroups(t *testing.T) {
+	s := &pipelineSample{name: "orders", results: map[string]int{}, reasons: map[sampleReasonKey]*sampleReason{}}
+	err := applySample(context.Background(), nil, nil, &sampleCounters{got: map[string]string{}}, []*pipelineSample{s},
+		processor.Record{Topic: "orders"}, fmt.Errorf(`replay for group "other": %w`, actors.ErrSkip))
+	if err != nil || s.sampled != 0 || len(s.results) != 0 {
+		t.Errorf("err %v, sampled %d, results %v; want nothing counted", err, s.sampled, s.results)
+	}
 }
