@@ -209,22 +209,16 @@ func runSample(ctx context.Context, w io.Writer, cfg config.Config, pool *pgxpoo
 			from := ends[p].stable - take[p]
 			ranges = append(ranges, fmt.Sprintf("%d: %d..%d", p, from, ends[p].stable-1))
 			dec := sampler.Decoder(topic) // one per partition, as the engine does
-			var msgs []*kafka.Message
+			// Each record is applied as it is read: the sample holds one
+			// record at a time, however large N is.
 			if _, err := k.readPartition(ctx, topic, p, from, func(m *kafka.Message) error {
-				msgs = append(msgs, m)
-				return nil
-			}); err != nil {
-				return err
-			}
-			for _, m := range msgs {
 				rec := sampleRecord(topic, p, m)
 				if err := resolve(ctx, dec, rec.Value); err != nil {
 					return err
 				}
-				decodeErr := dec.DecodeRecord(&rec)
-				if err := applySample(ctx, tx, sampler.Processor, counters, byTopic[topic], rec, decodeErr); err != nil {
-					return err
-				}
+				return applySample(ctx, tx, sampler.Processor, counters, byTopic[topic], rec, dec.DecodeRecord(&rec))
+			}); err != nil {
+				return err
 			}
 		}
 		if len(ranges) == 0 {
