@@ -131,12 +131,12 @@ func stateLabel(s ReadinessState) string {
 
 func buildErrorView(title string, rd Readiness, now time.Time) pageView {
 	return pageView{
-		Title:       title,
-		State:       stateLabel(rd.State),
-		StateClass:  stateClass(rd.State),
-		Reason:      rd.Reason,
-		Error:       "source unavailable",
-		GeneratedAt: now.Format(time.RFC3339),
+		Title:         title,
+		State:         stateLabel(rd.State),
+		StateClass:    stateClass(rd.State),
+		Reason:        rd.Reason,
+		Error:         "source unavailable",
+		GeneratedAt:   now.Format(time.RFC3339),
 		Window:        windowMinutes,
 		Summary:       buildSummary(nil),
 		ShowDashboard: true,
