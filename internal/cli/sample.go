@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
@@ -184,7 +185,12 @@ func runSample(ctx context.Context, w io.Writer, cfg config.Config, pool *pgxpoo
 	}
 	// Nothing the sample wrote may stay: the transaction is never
 	// committed, whatever happens below.
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		// Also once ctx ended; bounded, as every wait of the command.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 	for _, topic := range topics {
 		parts, ok := all[topic]
 		if !ok {
