@@ -64,17 +64,22 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, batch tracing.Ba
 	for i := range letters {
 		letters[i].FailedAt = now
 		l := letters[i]
-		batch.RecordFailed(l.Record.Offset, l.Reason)
+		// Spans get the reason as the log does: without the record's
+		// values unless log.include_values.
+		shown := cfg.DeadLetterLog.Text(l.Reason)
+		batch.RecordFailed(l.Record.Offset, errors.New(shown))
 		send := batch.StartSend(cfg.DLQTopic)
 		letters[i].Trace = send
 		if send.Recording() {
-			send.String("ratchet.dead_letter.reason", l.Reason.Error())
+			send.String("ratchet.dead_letter.reason", shown)
 			send.String("ratchet.dead_letter.topic", l.Record.Topic)
 			send.Int("ratchet.dead_letter.partition", int64(l.Record.Partition))
 			send.Int("ratchet.dead_letter.offset", l.Record.Offset)
 		}
+		reason := reasonOf(&l)
 		rows = append(rows, store.DeadLetter{Offset: l.Record.Offset, Error: l.Reason.Error(),
-			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt})
+			Attempts: l.Attempts, DLQTopic: cfg.DLQTopic, FailedAt: l.FailedAt,
+			Reason: reason.Class, Pipeline: reason.Pipeline, SQLState: reason.SQLState})
 	}
 	cfg.DeadLetterLog.Record(cfg.Logger, letters)
 	w := &dlqWait{done: make(chan struct{})}

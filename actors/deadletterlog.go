@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"ratchet/internal/event"
+	"ratchet/internal/redact"
 	"ratchet/processor"
 )
 
@@ -60,6 +61,9 @@ type DeadLetterLogConfig struct {
 	Interval time.Duration // least time between two summary lines of one class
 	Logger   *slog.Logger
 	Clock    Clock // nil: SystemClock
+	// IncludeValues writes the errors as they are (log.include_values);
+	// otherwise the record values they quote are replaced (redact.Values).
+	IncludeValues bool
 }
 
 // DeadLetterLog writes the log lines about dead letters for the whole
@@ -81,7 +85,10 @@ type DeadLetterLog struct {
 	closed  bool
 }
 
-type deadLetterClassKey struct{ topic, reason string }
+type deadLetterClassKey struct {
+	topic string
+	Reason
+}
 
 // deadLetterClass is the state of one (topic, reason class).
 type deadLetterClass struct {
@@ -116,7 +123,7 @@ func NewDeadLetterLog(cfg DeadLetterLogConfig) *DeadLetterLog {
 func (l *DeadLetterLog) Record(fallback *slog.Logger, letters []Letter) {
 	if l == nil {
 		for i := range letters {
-			logDeadLetter(fallback, &letters[i])
+			logDeadLetter(fallback, &letters[i], false)
 		}
 		return
 	}
@@ -126,7 +133,7 @@ func (l *DeadLetterLog) Record(fallback *slog.Logger, letters []Letter) {
 	case DeadLetterLogSummary:
 	default:
 		for i := range letters {
-			logDeadLetter(l.cfg.Logger, &letters[i])
+			logDeadLetter(l.cfg.Logger, &letters[i], l.cfg.IncludeValues)
 		}
 		return
 	}
@@ -136,17 +143,17 @@ func (l *DeadLetterLog) Record(fallback *slog.Logger, letters []Letter) {
 	for i := range letters {
 		lt := &letters[i]
 		if l.closed {
-			logDeadLetter(l.cfg.Logger, lt)
+			logDeadLetter(l.cfg.Logger, lt, l.cfg.IncludeValues)
 			continue
 		}
-		k := deadLetterClassKey{topic: lt.Record.Topic, reason: reasonClass(lt)}
+		k := deadLetterClassKey{topic: lt.Record.Topic, Reason: reasonOf(lt)}
 		c := l.classes[k]
 		if c == nil {
 			c = &deadLetterClass{}
 			l.classes[k] = c
 		}
 		if c.count == 0 && (c.lastLine.IsZero() || now.Sub(c.lastLine) >= l.cfg.Interval) {
-			logDeadLetter(l.cfg.Logger, lt)
+			logDeadLetter(l.cfg.Logger, lt, l.cfg.IncludeValues)
 			c.lastLine = now
 			continue
 		}
@@ -207,7 +214,8 @@ func (l *DeadLetterLog) Close() {
 // quiet for a whole interval. Called with l.mu held.
 func (l *DeadLetterLog) writeDue(now time.Time, all bool) {
 	keys := slices.SortedFunc(maps.Keys(l.classes), func(a, b deadLetterClassKey) int {
-		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.reason, b.reason))
+		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.Pipeline, b.Pipeline),
+			cmp.Compare(a.Class, b.Class), cmp.Compare(a.SQLState, b.SQLState))
 	})
 	for _, k := range keys {
 		c := l.classes[k]
@@ -235,8 +243,8 @@ func (l *DeadLetterLog) writeSummary(k deadLetterClassKey, c *deadLetterClass, n
 		s := c.parts[p]
 		offsets = append(offsets, slog.String(strconv.Itoa(int(p)), strconv.FormatInt(s.first, 10)+".."+strconv.FormatInt(s.last, 10)))
 	}
-	args := []any{"actor", "dlq", "topic", k.topic, "reason", k.reason, "count", c.count,
-		"partitions", len(c.parts), slog.Group("offsets", offsets...)}
+	args := append([]any{"actor", "dlq", "topic", k.topic}, k.Reason.logArgs()...)
+	args = append(args, "count", c.count, "partitions", len(c.parts), slog.Group("offsets", offsets...))
 	if more > 0 {
 		args = append(args, "more_partitions", more)
 	}
@@ -245,46 +253,127 @@ func (l *DeadLetterLog) writeSummary(k deadLetterClassKey, c *deadLetterClass, n
 	l.cfg.Logger.Warn("dead letters", args...)
 }
 
-// logDeadLetter writes one dead letter in full: where it came from, the
-// batch it was cut or isolated from, the class and the whole error.
-func logDeadLetter(log *slog.Logger, l *Letter) {
-	r := l.Record
-	log.Warn("dead letter", batchFields(r.Topic, r.Partition, l.batchStart, "actor", "dlq", "offset", r.Offset,
-		"attempts", l.Attempts, "reason", reasonClass(l), "err", l.Reason.Error(), l.Trace.LogAttr())...)
+// Text returns err's text as the log, the traces and the page may show
+// it: without the record values it quotes unless IncludeValues (a nil
+// *DeadLetterLog redacts).
+func (l *DeadLetterLog) Text(err error) string {
+	return reasonText(err, l != nil && l.cfg.IncludeValues)
 }
 
-// reasonClass is the stable class of why l was dead-lettered, what
-// summaries are kept per: not the error text, which names offsets and
-// values and would make every record a class of its own.
-//
-//   - "decode <format>" and "invalid event": the value did not decode, or
-//     broke a rule of the event contract (event.Error's kind);
-//   - "custom decoder": a processor's own decoder refused it;
-//   - "processor panic": the processor panicked on it;
-//   - "sqlstate <code>": PostgreSQL refused it (a data exception or a
-//     constraint, e.g. sqlstate 23505);
-//   - "processor refused": the processor marked it processor.Permanent;
-//   - "retries exhausted": it kept failing for another reason until
-//     retry.max_attempts.
-func reasonClass(l *Letter) string {
-	err := l.Reason
+func reasonText(err error, includeValues bool) string {
+	if includeValues {
+		return err.Error()
+	}
+	return redact.Values(err.Error())
+}
+
+// logDeadLetter writes one dead letter in full: where it came from, the
+// batch it was cut or isolated from, the class and the error (its values
+// replaced unless includeValues).
+func logDeadLetter(log *slog.Logger, l *Letter, includeValues bool) {
+	r := l.Record
+	args := []any{"actor", "dlq", "offset", r.Offset, "attempts", l.Attempts}
+	args = append(args, reasonOf(l).logArgs()...)
+	args = append(args, "err", reasonText(l.Reason, includeValues), l.Trace.LogAttr())
+	log.Warn("dead letter", batchFields(r.Topic, r.Partition, l.batchStart, args...)...)
+}
+
+// logArgs are r's fields in a log line: reason, and pipeline and sqlstate
+// when there are.
+func (r Reason) logArgs() []any {
+	args := []any{"reason", r.Class}
+	if r.Pipeline != "" {
+		args = append(args, "pipeline", r.Pipeline)
+	}
+	if r.SQLState != "" {
+		args = append(args, "sqlstate", r.SQLState)
+	}
+	return args
+}
+
+// Reason classes: why a record was dead-lettered, stable and few (the
+// ratchet.reason header, the reason of the log lines, what `ratchet dlq
+// ls`, the page and `ratchet pipelines check --sample` group by). Never
+// the error text, which names offsets and values and would make every
+// record a class of its own.
+const (
+	// ReasonDecode: the value did not decode (the topic's format, the
+	// registry's framing, or a processor's own decoder).
+	ReasonDecode = "decode"
+	// ReasonInvalidEvent: decoded, but broke a rule of the event contract.
+	ReasonInvalidEvent = "invalid_event"
+	// ReasonExpression: a pipeline could not evaluate its expressions on
+	// the record, or could not convert a result to its column.
+	ReasonExpression = "expression"
+	// ReasonRefusedByPostgres: PostgreSQL refused the record's rows (a
+	// data exception or a constraint); the SQLSTATE says which.
+	ReasonRefusedByPostgres = "refused_by_postgres"
+	// ReasonProcessorPanic: the processor panicked on it at every attempt.
+	ReasonProcessorPanic = "processor_panic"
+	// ReasonProcessorRefused: the processor marked it processor.Permanent.
+	ReasonProcessorRefused = "processor_refused"
+	// ReasonRetriesExhausted: it kept failing for another reason until
+	// retry.max_attempts.
+	ReasonRetriesExhausted = "retries_exhausted"
+)
+
+// Reason is why a record was dead-lettered, in the fields a person
+// groups by.
+type Reason struct {
+	// Class is one of the Reason* constants, or the class an error of the
+	// chain names itself (ReasonClasser).
+	Class string
+	// Pipeline is the configured pipeline that refused the record (empty
+	// when none did: a decode failure, a processor of the program's own).
+	Pipeline string
+	// SQLState is PostgreSQL's code when it refused the record.
+	SQLState string
+}
+
+// ReasonClasser is implemented by an error that knows its reason class
+// better than the chain's types say (a pipeline's conversion or time
+// error, a cost limit): the first one in the chain wins over
+// ReasonExpression and ReasonProcessorRefused.
+type ReasonClasser interface {
+	ReasonClass() string
+}
+
+// ClassifyReason returns the reason of a dead letter whose error is err;
+// decoding says the partition's decoder refused the record when its batch
+// was cut.
+func ClassifyReason(err error, decoding bool) Reason {
+	var r Reason
+	var pl interface{ PipelineName() string }
+	if errors.As(err, &pl) {
+		r.Pipeline = pl.PipelineName()
+	}
 	var pe *PanicError
 	var ee *event.Error
 	var pg *pgconn.PgError
+	var rc ReasonClasser
 	switch {
 	case errors.As(err, &pe):
-		return "processor panic"
+		r.Class = ReasonProcessorPanic
 	case errors.As(err, &ee):
+		r.Class = ReasonInvalidEvent
 		if ee.Kind == event.KindDecode {
-			return "decode " + ee.Format
+			r.Class = ReasonDecode
 		}
-		return "invalid event"
-	case l.decoding:
-		return "custom decoder"
+	case decoding:
+		r.Class = ReasonDecode
 	case errors.As(err, &pg):
-		return "sqlstate " + pg.Code
+		r.Class, r.SQLState = ReasonRefusedByPostgres, pg.Code
+	case errors.As(err, &rc) && rc.ReasonClass() != "":
+		r.Class = rc.ReasonClass()
+	case r.Pipeline != "" && processor.IsPermanent(err):
+		r.Class = ReasonExpression
 	case processor.IsPermanent(err):
-		return "processor refused"
+		r.Class = ReasonProcessorRefused
+	default:
+		r.Class = ReasonRetriesExhausted
 	}
-	return "retries exhausted"
+	return r
 }
+
+// reasonOf is the reason of l.
+func reasonOf(l *Letter) Reason { return ClassifyReason(l.Reason, l.decoding) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestDeadLetterLogSummarises(t *testing.T) {
 		t.Fatalf("%d full lines after the first dead letter, want 1", len(full))
 	}
 	want := map[string]any{"topic": "events", "partition": int64(3), "offset": int64(120), "first_offset": int64(100),
-		"reason": "decode json", "attempts": int64(1), "err": "decode json: unexpected token at byte 1", "actor": "dlq"}
+		"reason": "decode", "attempts": int64(1), "err": "decode json: unexpected token at byte 1", "actor": "dlq"}
 	for k, v := range want {
 		if got := full[0].Attrs[k]; got != v {
 			t.Errorf("full line %s = %v (%T), want %v", k, got, got, v)
@@ -84,7 +85,7 @@ func TestDeadLetterLogSummarises(t *testing.T) {
 	if full = rec.Lines("dead letter"); len(full) != 3 {
 		t.Fatalf("%d full lines, want 3 (one per class)", len(full))
 	}
-	if full[1].Attrs["reason"] != "invalid event" || full[2].Attrs["topic"] != "clicks" {
+	if full[1].Attrs["reason"] != "invalid_event" || full[2].Attrs["topic"] != "clicks" {
 		t.Errorf("full lines %v, %v", full[1].Attrs, full[2].Attrs)
 	}
 
@@ -95,7 +96,7 @@ func TestDeadLetterLogSummarises(t *testing.T) {
 		t.Fatalf("%d summary lines once the interval passed, want 1: %v", len(sums), rec.Lines(""))
 	}
 	s := sums[0].Attrs
-	wantSum := map[string]any{"topic": "events", "reason": "decode json", "count": int64(14), "partitions": int64(2),
+	wantSum := map[string]any{"topic": "events", "reason": "decode", "count": int64(14), "partitions": int64(2),
 		"offsets.3": "90..130", "offsets.5": "77..301", "actor": "dlq",
 		"since": clockStart.Format(time.RFC3339Nano), "window": "30s"}
 	for k, v := range wantSum {
@@ -295,30 +296,55 @@ func TestDeadLetterLogModes(t *testing.T) {
 	})
 }
 
+// pipelineError stands for a configured pipeline's record error
+// (pipeline.RecordError), which names the pipeline.
+type pipelineError struct {
+	name string
+	err  error
+}
+
+func (e *pipelineError) Error() string        { return "pipeline " + e.name + ": " + e.err.Error() }
+func (e *pipelineError) Unwrap() error        { return e.err }
+func (e *pipelineError) PipelineName() string { return e.name }
+
+// classedError names its own reason class.
+type classedError struct{ class string }
+
+func (e classedError) Error() string       { return "classed" }
+func (e classedError) ReasonClass() string { return e.class }
+
 // TestReasonClass: the class names why, never where: two records refused
-// for the same cause at different offsets share it.
+// for the same cause at different offsets share it; a pipeline's refusal
+// names the pipeline, PostgreSQL's the SQLSTATE.
 func TestReasonClass(t *testing.T) {
 	unique := &pgconn.PgError{Code: "23505", Message: "duplicate key value violates unique constraint"}
+	numeric := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: `invalid input syntax for type numeric: "4111 1111 1111 1111"`}
 	tests := []struct {
 		name   string
 		letter Letter
-		want   string
+		want   Reason
 	}{
-		{"decode protobuf", Letter{Reason: &event.Error{Kind: event.KindDecode, Format: event.FormatProtobuf, Reason: "cannot parse invalid wire-format data"}, decoding: true}, "decode protobuf"},
-		{"decode json", decodeLetter("t", 0, 1, 1), "decode json"},
-		{"invalid event", Letter{Reason: &event.Error{Kind: event.KindInvalid, Reason: "value is not finite"}, decoding: true}, "invalid event"},
-		{"invalid event found by the processor", Letter{Reason: processor.Permanent(fmt.Errorf("record t[0]@9: %w", &event.Error{Kind: event.KindInvalid, Reason: "time is missing"}))}, "invalid event"},
-		{"custom decoder", Letter{Reason: errors.New("custom decoder: bad magic 0x17 at offset 4411"), decoding: true}, "custom decoder"},
-		{"constraint", Letter{Reason: fmt.Errorf("apply t[0] offsets 120..121: %w", unique)}, "sqlstate 23505"},
-		{"constraint elsewhere", Letter{Reason: fmt.Errorf("apply t[2] offsets 9..10: %w", unique)}, "sqlstate 23505"},
-		{"panic", Letter{Reason: processor.Permanent(&PanicError{Value: "nil map", Offset: 40})}, "processor panic"},
-		{"processor refused", Letter{Reason: processor.Permanent(errors.New("record t[0]@17: unknown customer 88"))}, "processor refused"},
-		{"unclassified", Letter{Reason: errors.New("remote said no"), Attempts: 5}, "retries exhausted"},
+		{"decode protobuf", Letter{Reason: &event.Error{Kind: event.KindDecode, Format: event.FormatProtobuf, Reason: "cannot parse invalid wire-format data"}, decoding: true}, Reason{Class: "decode"}},
+		{"decode json", decodeLetter("t", 0, 1, 1), Reason{Class: "decode"}},
+		{"invalid event", Letter{Reason: &event.Error{Kind: event.KindInvalid, Reason: "value is not finite"}, decoding: true}, Reason{Class: "invalid_event"}},
+		{"invalid event found by the processor", Letter{Reason: processor.Permanent(fmt.Errorf("record t[0]@9: %w", &event.Error{Kind: event.KindInvalid, Reason: "time is missing"}))}, Reason{Class: "invalid_event"}},
+		{"a pipeline topic's json decoder", Letter{Reason: errors.New("json: invalid character 'x' looking for beginning of value"), decoding: true}, Reason{Class: "decode"}},
+		{"custom decoder", Letter{Reason: errors.New("custom decoder: bad magic 0x17 at offset 4411"), decoding: true}, Reason{Class: "decode"}},
+		{"constraint", Letter{Reason: fmt.Errorf("apply t[0] offsets 120..121: %w", unique)}, Reason{Class: "refused_by_postgres", SQLState: "23505"}},
+		{"constraint elsewhere", Letter{Reason: fmt.Errorf("apply t[2] offsets 9..10: %w", unique)}, Reason{Class: "refused_by_postgres", SQLState: "23505"}},
+		{"pipeline expression", Letter{Reason: fmt.Errorf("apply t[0] offsets 47..48: pipelines: %w",
+			processor.Permanent(&pipelineError{"orders", errors.New("record t[0]@47: amount: no such key: amout")}))}, Reason{Class: "expression", Pipeline: "orders"}},
+		{"pipeline refused by postgres", Letter{Reason: fmt.Errorf("apply t[0] offsets 47..48: %w",
+			&pipelineError{"orders", fmt.Errorf("upsert 1 rows of orders: %w", numeric)})}, Reason{Class: "refused_by_postgres", Pipeline: "orders", SQLState: "22P02"}},
+		{"pipeline error naming its class", Letter{Reason: processor.Permanent(&pipelineError{"orders", classedError{"time"}})}, Reason{Class: "time", Pipeline: "orders"}},
+		{"panic", Letter{Reason: processor.Permanent(&PanicError{Value: "nil map", Offset: 40})}, Reason{Class: "processor_panic"}},
+		{"processor refused", Letter{Reason: processor.Permanent(errors.New("record t[0]@17: unknown customer 88"))}, Reason{Class: "processor_refused"}},
+		{"unclassified", Letter{Reason: errors.New("remote said no"), Attempts: 5}, Reason{Class: "retries_exhausted"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := reasonClass(&tt.letter); got != tt.want {
-				t.Errorf("reasonClass(%v) = %q, want %q", tt.letter.Reason, got, tt.want)
+			if got := reasonOf(&tt.letter); got != tt.want {
+				t.Errorf("reasonOf(%v) = %+v, want %+v", tt.letter.Reason, got, tt.want)
 			}
 		})
 	}
@@ -368,7 +394,7 @@ func TestPartitionDeadLettersSummarised(t *testing.T) {
 		t.Fatalf("%d dead letters written, want %d", got, n)
 	}
 	full := rec.Lines("dead letter")
-	if len(full) != 1 || full[0].Attrs["offset"] != int64(0) || full[0].Attrs["reason"] != "decode json" {
+	if len(full) != 1 || full[0].Attrs["offset"] != int64(0) || full[0].Attrs["reason"] != "decode" {
 		t.Fatalf("full lines %v, want only the first dead letter (offset 0, decode json)", full)
 	}
 	if len(rec.Lines("dead letters")) != 0 {
@@ -380,8 +406,52 @@ func TestPartitionDeadLettersSummarised(t *testing.T) {
 	if len(sums) != 1 {
 		t.Fatalf("%d summaries, want 1", len(sums))
 	}
-	if s := sums[0].Attrs; s["count"] != int64(n-1) || s["offsets.2"] != "1..9999" || s["topic"] != "events" || s["reason"] != "decode json" {
+	if s := sums[0].Attrs; s["count"] != int64(n-1) || s["offsets.2"] != "1..9999" || s["topic"] != "events" || s["reason"] != "decode" {
 		t.Errorf("summary %v, want %d dead letters of decode json at 2: 1..9999", s, n-1)
 	}
 	t.Logf("%d dead letters: %d lines in all", n, len(rec.Lines("")))
+}
+
+// TestDeadLetterLogKeepsValuesOut: a dead letter's line names its
+// pipeline, reason class and SQLSTATE, and its error without the record's
+// values (an email address, a card number) unless log.include_values.
+func TestDeadLetterLogKeepsValuesOut(t *testing.T) {
+	numeric := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: `invalid input syntax for type numeric: "4111 1111 1111 1111"`}
+	letter := func() Letter {
+		return Letter{Record: processor.Record{Topic: "orders", Partition: 1, Offset: 9}, Attempts: 1,
+			Reason: fmt.Errorf("apply orders[1] offsets 9..10: %w", &pipelineError{"orders", fmt.Errorf("upsert 1 rows of orders: %w", numeric)})}
+	}
+	for _, tt := range []struct {
+		name          string
+		includeValues bool
+		wantErr       string
+	}{
+		{"default", false, `apply orders[1] offsets 9..10: pipeline orders: upsert 1 rows of orders: ERROR: invalid input syntax for type numeric: "…" (SQLSTATE 22P02)`},
+		{"opted in", true, `apply orders[1] offsets 9..10: pipeline orders: upsert 1 rows of orders: ERROR: invalid input syntax for type numeric: "4111 1111 1111 1111" (SQLSTATE 22P02)`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, mode := range []string{DeadLetterLogEach, DeadLetterLogSummary} {
+				rec := testenv.NewLogRecorder(slog.LevelInfo)
+				l := NewDeadLetterLog(DeadLetterLogConfig{Mode: mode, Interval: time.Second, Logger: rec.Logger(),
+					Clock: testenv.NewFakeClock(time.Unix(0, 0)), IncludeValues: tt.includeValues})
+				l.Record(nil, []Letter{letter()})
+				lines := rec.Lines("dead letter")
+				if len(lines) != 1 {
+					t.Fatalf("%s: %d lines, want 1", mode, len(lines))
+				}
+				a := lines[0].Attrs
+				if a["err"] != tt.wantErr || a["reason"] != "refused_by_postgres" || a["pipeline"] != "orders" || a["sqlstate"] != "22P02" {
+					t.Errorf("%s: line %v, want err %q, reason refused_by_postgres, pipeline orders, sqlstate 22P02", mode, a, tt.wantErr)
+				}
+			}
+		})
+	}
+	// Without a DeadLetterLog (library use) the fallback logger gets no
+	// values either.
+	rec := testenv.NewLogRecorder(slog.LevelInfo)
+	var l *DeadLetterLog
+	l.Record(rec.Logger(), []Letter{letter()})
+	if lines := rec.Lines("dead letter"); len(lines) != 1 || strings.Contains(fmt.Sprint(lines[0].Attrs["err"]), "4111") {
+		t.Errorf("fallback lines %v", lines)
+	}
 }

@@ -21,6 +21,15 @@ const (
 	HeaderOffset    = "ratchet.offset"
 	HeaderAttempts  = "ratchet.attempts"
 	HeaderFailedAt  = "ratchet.failed_at"
+	// HeaderReason is the reason class (ClassifyReason): decode,
+	// expression, refused_by_postgres, ...
+	HeaderReason = "ratchet.reason"
+	// HeaderPipeline names the configured pipeline that refused the
+	// record; absent when none did.
+	HeaderPipeline = "ratchet.pipeline"
+	// HeaderSQLState is PostgreSQL's SQLSTATE when it refused the record;
+	// absent otherwise.
+	HeaderSQLState = "ratchet.sqlstate"
 )
 
 // Letter is one record for the dead-letter topic.
@@ -238,21 +247,7 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 	item.attempts++
 	topic := l.DLQTopic
 	r := l.Record
-	// The original headers first, then ratchet's, and the original
-	// timestamp: `ratchet dlq replay` re-produces the record as it was.
-	headers := make([]kafka.Header, 0, len(r.Headers)+6)
-	for _, h := range r.Headers {
-		headers = append(headers, kafka.Header{Key: h.Key, Value: h.Value})
-	}
-	headers = append(headers,
-		kafka.Header{Key: HeaderError, Value: []byte(truncate(l.Reason.Error(), 1000))},
-		kafka.Header{Key: HeaderTopic, Value: []byte(r.Topic)},
-		kafka.Header{Key: HeaderPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
-		kafka.Header{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
-		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(l.Attempts))},
-		kafka.Header{Key: HeaderFailedAt, Value: []byte(l.FailedAt.UTC().Format(time.RFC3339Nano))},
-	)
-	headers = l.Trace.Inject(headers)
+	headers := l.Trace.Inject(letterHeaders(&l))
 	msg := &kafka.Message{
 		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 		Key:            r.Key,
@@ -264,6 +259,36 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 	if err := d.cfg.Producer.Produce(msg, nil); err != nil {
 		d.retryLater(c, item, err)
 	}
+}
+
+// letterHeaders are the headers of l's dead letter: the original headers
+// first, then ratchet's (with the original timestamp, `ratchet dlq replay`
+// re-produces the record as it was).
+func letterHeaders(l *Letter) []kafka.Header {
+	r := l.Record
+	headers := make([]kafka.Header, 0, len(r.Headers)+9)
+	for _, h := range r.Headers {
+		headers = append(headers, kafka.Header{Key: h.Key, Value: h.Value})
+	}
+	headers = append(headers,
+		kafka.Header{Key: HeaderError, Value: []byte(truncate(l.Reason.Error(), 1000))},
+		kafka.Header{Key: HeaderTopic, Value: []byte(r.Topic)},
+		kafka.Header{Key: HeaderPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
+		kafka.Header{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+		kafka.Header{Key: HeaderAttempts, Value: []byte(strconv.Itoa(l.Attempts))},
+		kafka.Header{Key: HeaderFailedAt, Value: []byte(l.FailedAt.UTC().Format(time.RFC3339Nano))},
+	)
+	// The full text stays in ratchet.error; these say the same in fields
+	// a person can group by.
+	reason := reasonOf(l)
+	headers = append(headers, kafka.Header{Key: HeaderReason, Value: []byte(reason.Class)})
+	if reason.Pipeline != "" {
+		headers = append(headers, kafka.Header{Key: HeaderPipeline, Value: []byte(reason.Pipeline)})
+	}
+	if reason.SQLState != "" {
+		headers = append(headers, kafka.Header{Key: HeaderSQLState, Value: []byte(reason.SQLState)})
+	}
+	return headers
 }
 
 func (d *DLQ) retryLater(c actor.Context, item *dlqItem, err error) {

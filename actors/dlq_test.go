@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"ratchet/internal/testenv"
 	"ratchet/processor"
@@ -144,5 +146,54 @@ func TestDLQFlushOnStopEndsByFlushBy(t *testing.T) {
 	}
 	if took < left-100*time.Millisecond || took > left+3*time.Second {
 		t.Errorf("the stop took %s, want about %s (what FlushBy left)", took, left)
+	}
+}
+
+// TestLetterHeaders: a dead letter carries, next to the full text in
+// ratchet.error, its reason class, the pipeline that refused it and
+// PostgreSQL's SQLSTATE as headers of their own, after the original
+// headers; the pipeline and the SQLSTATE only when there are.
+func TestLetterHeaders(t *testing.T) {
+	numeric := &pgconn.PgError{Code: "22P02", Message: `invalid input syntax for type numeric: "soon"`}
+	failed := time.Date(2026, 12, 4, 16, 0, 0, 0, time.UTC)
+	rec := processor.Record{Topic: "orders", Partition: 2, Offset: 47, Headers: []processor.Header{{Key: "trace", Value: []byte("t1")}}}
+	tests := []struct {
+		name   string
+		reason error
+		want   map[string]string // ratchet.reason, ratchet.pipeline, ratchet.sqlstate ("" when absent)
+	}{
+		{"refused by postgres", fmt.Errorf("apply orders[2] offsets 47..48: %w", &pipelineError{"orders", fmt.Errorf("upsert 1 rows of orders: %w", numeric)}),
+			map[string]string{HeaderReason: "refused_by_postgres", HeaderPipeline: "orders", HeaderSQLState: "22P02"}},
+		{"expression", processor.Permanent(&pipelineError{"orders", errors.New("record orders[2]@47: amount: no such key: amout")}),
+			map[string]string{HeaderReason: "expression", HeaderPipeline: "orders", HeaderSQLState: ""}},
+		{"no pipeline", processor.Permanent(errors.New("unknown customer")),
+			map[string]string{HeaderReason: "processor_refused", HeaderPipeline: "", HeaderSQLState: ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hs := letterHeaders(&Letter{Record: rec, Reason: tt.reason, Attempts: 1, FailedAt: failed})
+			if hs[0].Key != "trace" {
+				t.Errorf("first header %q, want the original trace", hs[0].Key)
+			}
+			got := map[string]string{}
+			for _, h := range hs {
+				if _, dup := got[h.Key]; dup {
+					t.Errorf("header %s twice", h.Key)
+				}
+				got[h.Key] = string(h.Value)
+			}
+			if got[HeaderError] != tt.reason.Error() {
+				t.Errorf("%s = %q, want the full text %q", HeaderError, got[HeaderError], tt.reason.Error())
+			}
+			for k, want := range tt.want {
+				v, ok := got[k]
+				if want == "" && ok {
+					t.Errorf("%s = %q, want none", k, v)
+				}
+				if want != "" && v != want {
+					t.Errorf("%s = %q, want %q", k, v, want)
+				}
+			}
+		})
 	}
 }

@@ -287,7 +287,8 @@ func (a *scriptedApplier) ApplyWith(ctx context.Context, b processor.Batch, _ *s
 	}
 	for _, r := range b.Records {
 		if a.bad[r.Offset] {
-			return processor.Permanent(errors.New("bad record"))
+			// The reason quotes a value of the record, as real ones do.
+			return processor.Permanent(errors.New(`bad record: "jane@example.com" is not a customer`))
 		}
 	}
 	a.mu.Lock()

@@ -223,6 +223,12 @@ type Log struct {
 	// DeadLetterInterval (log.dead_letter_interval) is the shortest time
 	// between two summary lines of one topic and reason.
 	DeadLetterInterval time.Duration
+	// IncludeValues (log.include_values) lets the reasons of dead letters
+	// reach the log lines, the span attributes and the page as they are.
+	// Off (the default), the values of records they quote are replaced by
+	// "…" there (package redact); the dead letter's ratchet.error header
+	// keeps the full text either way.
+	IncludeValues bool
 }
 
 // Dead-letter logging modes (log.dead_letters).

@@ -84,6 +84,7 @@ func TestDefaults(t *testing.T) {
 		{"log.format", cfg.Log.Format, "json"},
 		{"log.dead_letters", cfg.Log.DeadLetters, "summary"},
 		{"log.dead_letter_interval", cfg.Log.DeadLetterInterval, 30 * time.Second},
+		{"log.include_values", cfg.Log.IncludeValues, false},
 		{"schema_registry.url", cfg.SchemaRegistry.URL.Reveal(), ""},
 		{"schema_registry.username", cfg.SchemaRegistry.Username.Reveal(), ""},
 		{"schema_registry.password", cfg.SchemaRegistry.Password.Reveal(), ""},

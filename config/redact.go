@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -235,8 +236,15 @@ func (c Config) Redacted() Config {
 }
 
 // LogValue implements slog.LogValuer: one group per section, secrets
-// redacted.
+// redacted. With pipelines, a topic they read is decoded in their format,
+// whatever kafka.format says: kafka.topic_formats shows it, kafka.format
+// says so when pipelines read every topic, and a pipelines group names
+// each pipeline's topic, format and table.
 func (c Config) LogValue() slog.Value {
+	piped := map[string]string{}
+	for _, p := range c.Pipelines {
+		piped[p.Topic] = p.Format + " (pipelines)"
+	}
 	var groups []slog.Attr
 	var section string
 	var attrs []slog.Attr
@@ -260,18 +268,43 @@ func (c Config) LogValue() slog.Value {
 		case *Properties:
 			attrs = append(attrs, slog.Any(name, *p))
 		case *map[string]string:
-			pairs := make([]slog.Attr, 0, len(*p))
-			for _, k := range sortedKeys(*p) {
-				pairs = append(pairs, slog.String(k, (*p)[k]))
+			m := *p
+			if k.name == "kafka.topic_formats" && len(piped) > 0 {
+				m = maps.Clone(m)
+				if m == nil {
+					m = map[string]string{}
+				}
+				maps.Copy(m, piped)
+			}
+			pairs := make([]slog.Attr, 0, len(m))
+			for _, k := range sortedKeys(m) {
+				pairs = append(pairs, slog.String(k, m[k]))
 			}
 			attrs = append(attrs, slog.Attr{Key: name, Value: slog.GroupValue(pairs...)})
 		case *time.Duration:
 			attrs = append(attrs, slog.String(name, fmtDuration(*p)))
 		default:
-			attrs = append(attrs, slog.String(name, show(p)))
+			v := show(p)
+			if k.name == "kafka.format" && len(piped) > 0 && !slices.ContainsFunc(c.Kafka.Topics, func(t string) bool { return piped[t] == "" }) {
+				v = "unused: pipelines decode every topic (kafka.topic_formats)"
+			}
+			attrs = append(attrs, slog.String(name, v))
 		}
 	}
 	flush()
+	if len(c.Pipelines) > 0 {
+		pls := make([]slog.Attr, 0, len(c.Pipelines))
+		for _, p := range c.Pipelines {
+			into := ""
+			if p.Upsert != nil {
+				into = "upsert into " + p.Upsert.Table
+			} else if p.Rollup != nil {
+				into = "rollup into " + p.Rollup.Table
+			}
+			pls = append(pls, slog.String(p.Name, p.Topic+" "+p.Format+" "+into))
+		}
+		groups = append(groups, slog.Attr{Key: "pipelines", Value: slog.GroupValue(pls...)})
+	}
 	return slog.GroupValue(groups...)
 }
 

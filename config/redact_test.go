@@ -249,3 +249,36 @@ func TestRedactedSharesNothing(t *testing.T) {
 		t.Errorf("redacted url %q", got)
 	}
 }
+
+// The startup line says how the topics of pipelines are decoded: their
+// format, not kafka.format, which it marks unused when pipelines read
+// every topic; each pipeline is named with its topic, format and table.
+func TestLogValueWithPipelines(t *testing.T) {
+	cfg := Default()
+	cfg.Kafka.Topics = []string{"app_events", "other"}
+	cfg.Pipelines = []Pipeline{{Name: "orders", Topic: "app_events", Format: PipelineJSON, Upsert: &Upsert{Table: "orders"}}}
+	line := func(c Config) map[string]any {
+		var b bytes.Buffer
+		slog.New(slog.NewJSONHandler(&b, nil)).Info("ratchet starting", "config", c)
+		var m map[string]any
+		if err := json.Unmarshal(b.Bytes(), &m); err != nil {
+			t.Fatal(err)
+		}
+		return m["config"].(map[string]any)
+	}
+	c := line(cfg)
+	kafka := c["kafka"].(map[string]any)
+	if kafka["format"] != "protobuf" || kafka["topic_formats"].(map[string]any)["app_events"] != "json (pipelines)" {
+		t.Errorf("kafka: %v; want format protobuf (for other) and app_events json (pipelines)", kafka)
+	}
+	if c["pipelines"].(map[string]any)["orders"] != "app_events json upsert into orders" {
+		t.Errorf("pipelines: %v", c["pipelines"])
+	}
+	cfg.Kafka.Topics = []string{"app_events"}
+	if f := line(cfg)["kafka"].(map[string]any)["format"]; f != "unused: pipelines decode every topic (kafka.topic_formats)" {
+		t.Errorf("kafka.format %v, want it marked unused", f)
+	}
+	if len(cfg.Kafka.TopicFormats) != 0 {
+		t.Errorf("logging changed the configuration: %v", cfg.Kafka.TopicFormats)
+	}
+}

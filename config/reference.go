@@ -55,6 +55,7 @@ var keys = []key{
 	{"log.format", "json or text", func(c *Config) any { return &c.Log.Format }},
 	{"log.dead_letters", "how dead letters are logged: each (a WARN line per record), summary (the first of each topic and reason in full, then one line per topic and reason at most every log.dead_letter_interval with the count and the offsets) or off; the DLQ record and the metrics keep every detail (docs/operations.md, Logs)", func(c *Config) any { return &c.Log.DeadLetters }},
 	{"log.dead_letter_interval", "shortest time between two summary lines of one topic and reason (log.dead_letters summary)", func(c *Config) any { return &c.Log.DeadLetterInterval }},
+	{"log.include_values", "let the reasons of dead letters reach the log, the traces and the page with the record values they quote; false: those values are shown as … (the dead letter's ratchet.error header keeps the full text either way)", func(c *Config) any { return &c.Log.IncludeValues }},
 	{"schema_registry.url", "Confluent Schema Registry, http(s)://host:port; when set, protobuf and json values are in its wire format (magic byte, schema id) and schema ids are looked up there; empty: off", func(c *Config) any { return &c.SchemaRegistry.URL }},
 	{"schema_registry.username", "basic-auth user of the registry (e.g. an API key); never printed", func(c *Config) any { return &c.SchemaRegistry.Username }},
 	{"schema_registry.password", "basic-auth password of the registry (e.g. an API secret); never printed", func(c *Config) any { return &c.SchemaRegistry.Password }},

@@ -67,6 +67,8 @@ func TestBadValuesNameTheKey(t *testing.T) {
 			`postgres.synchronous_commit: "off" is not allowed (allowed: on with commit.mode at-least-once`},
 		{"tracing not a bool", "", []string{"RATCHET_TRACING_ENABLED=yes"},
 			`tracing.enabled (RATCHET_TRACING_ENABLED): "yes" is not allowed (allowed: true or false)`},
+		{"include values not a bool", "log:\n  include_values: some\n", nil,
+			`log.include_values: "some" is not allowed (allowed: true or false)`},
 		{"tracing not a bool in the file", "tracing:\n  enabled: sometimes\n", nil,
 			`tracing.enabled: "sometimes" is not allowed (allowed: true or false)`},
 		{"http addr", "", []string{"RATCHET_HTTP_ADDR=nonsense"}, `http.addr (RATCHET_HTTP_ADDR): "nonsense" is not allowed`},

@@ -50,6 +50,7 @@ var notConfig = map[string]string{
 	"RATCHET_SECTION_KEY":       "the README's pattern for naming variables",
 	"RATCHET_ARTIFACTS_DIR":     "where tests write artifacts (docs/testing.md)",
 	"RATCHET_TEST_POSTGRES_URL": "the tests' PostgreSQL server (README, Quick start)",
+	"RATCHET_PIPELINES":         "named where docs/pipelines.md says pipelines are file-only (a configuration error)",
 }
 
 // root is the repository root: the tests run in deploy/.

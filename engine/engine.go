@@ -213,7 +213,8 @@ func (e *engine) run(ctx context.Context) error {
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer func() { stopHTTP(); wg.Wait() }() // a start that fails stops the server too
 	if cfg.HTTP.Addr != "" {
-		srv := web.New(web.Options{Addr: cfg.HTTP.Addr, Gatherer: e.reg, Logger: e.log, Source: starting})
+		srv := web.New(web.Options{Addr: cfg.HTTP.Addr, Gatherer: e.reg, Logger: e.log, Source: starting,
+			IncludeValues: cfg.Log.IncludeValues})
 		listening := make(chan error, 1)
 		wg.Go(func() { // ends when httpCtx is cancelled, after the supervisor stopped
 			err := srv.Run(httpCtx, func(addr string) {
@@ -375,7 +376,7 @@ func (e *engine) run(ctx context.Context) error {
 	// or, when the start ends early, by this defer: every dead letter
 	// counted is in the log. A letter of a partition that outlives the
 	// stop is logged in full (Close).
-	deadLetterLog := actors.NewDeadLetterLog(actors.DeadLetterLogConfig{Mode: cfg.Log.DeadLetters,
+	deadLetterLog := actors.NewDeadLetterLog(actors.DeadLetterLogConfig{Mode: cfg.Log.DeadLetters, IncludeValues: cfg.Log.IncludeValues,
 		Interval: cfg.Log.DeadLetterInterval, Logger: e.log, Clock: e.opts.Clock})
 	defer deadLetterLog.Close()
 	wg.Go(func() { deadLetterLog.Run(httpCtx) }) // ends with the HTTP server, after the supervisor stopped

@@ -308,6 +308,16 @@ func TestPipelinesFromConfiguration(t *testing.T) {
 		if !strings.Contains(e.headers["ratchet.error"], reason) {
 			t.Errorf("DLQ record %d@%d: ratchet.error = %q, want it to contain %q", e.partition, e.offset, e.headers["ratchet.error"], reason)
 		}
+		// The pipeline and the reason class in headers of their own.
+		wantPipeline, wantClass := "", "decode"
+		for _, name := range []string{"orders", "revenue_per_minute"} {
+			if strings.HasPrefix(reason, "pipeline "+name+":") {
+				wantPipeline, wantClass = name, "expression"
+			}
+		}
+		if p, c := e.headers["ratchet.pipeline"], e.headers["ratchet.reason"]; p != wantPipeline || c != wantClass {
+			t.Errorf("DLQ record %d@%d: ratchet.pipeline %q, ratchet.reason %q; want %q, %q", e.partition, e.offset, p, c, wantPipeline, wantClass)
+		}
 	}
 }
 

@@ -85,7 +85,8 @@ func (s *source) DeadLetters(ctx context.Context) ([]web.DeadLetterSummary, erro
 	}
 	out := make([]web.DeadLetterSummary, len(rows))
 	for i, r := range rows {
-		out[i] = web.DeadLetterSummary{Topic: r.Topic, Reason: r.Reason, Count: r.Count, Last: r.Last}
+		out[i] = web.DeadLetterSummary{Topic: r.Topic, Class: r.Class, Pipeline: r.Pipeline, SQLState: r.SQLState,
+			Reason: r.Reason, Count: r.Count, Last: r.Last}
 	}
 	return out, nil
 }

@@ -1,16 +1,17 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -24,6 +25,7 @@ import (
 	"ratchet/actors"
 	"ratchet/config"
 	"ratchet/internal/kafkaclient"
+	"ratchet/internal/redact"
 	"ratchet/internal/store"
 	"ratchet/internal/tracing"
 )
@@ -36,7 +38,8 @@ const HeaderReplayedFrom = "ratchet.replayed_from"
 // dlqHeaders are the headers the DLQ actor adds; everything else on a dead
 // letter is the original record's.
 var dlqHeaders = []string{actors.HeaderError, actors.HeaderTopic, actors.HeaderPartition, actors.HeaderOffset,
-	actors.HeaderAttempts, actors.HeaderFailedAt, HeaderReplayedFrom, actors.HeaderReplayGroup}
+	actors.HeaderAttempts, actors.HeaderFailedAt, actors.HeaderReason, actors.HeaderPipeline, actors.HeaderSQLState,
+	HeaderReplayedFrom, actors.HeaderReplayGroup}
 
 func dlqCmd(ctx context.Context, e *env, args []string) error {
 	if len(args) > 0 {
@@ -67,7 +70,11 @@ type deadLetter struct {
 	Partition    int32
 	Offset       int64
 	Reason       string
-	FailedAt     time.Time
+	// Class, Pipeline and SQLState are the ratchet.reason,
+	// ratchet.pipeline and ratchet.sqlstate headers; Class is empty on a
+	// dead letter written before they existed.
+	Class, Pipeline, SQLState string
+	FailedAt                  time.Time
 	// Unreadable says why the ratchet.* headers cannot be used ("" when
 	// they can); such a record is never replayed.
 	Unreadable string
@@ -89,6 +96,7 @@ func parseDeadLetter(m *kafka.Message) deadLetter {
 		d.Headers = append(d.Headers, x)
 	}
 	d.Topic, d.Reason = h[actors.HeaderTopic], h[actors.HeaderError]
+	d.Class, d.Pipeline, d.SQLState = h[actors.HeaderReason], h[actors.HeaderPipeline], h[actors.HeaderSQLState]
 	var problems []string
 	if d.Topic == "" {
 		problems = append(problems, "no "+actors.HeaderTopic)
@@ -313,7 +321,7 @@ func dlqLsCmd(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		writeDLQSummary(e.stdout, t, letters)
+		writeDLQSummary(e.stdout, t, letters, cfg.Log.IncludeValues)
 		for _, n := range notes {
 			fmt.Fprintln(e.stdout, n)
 		}
@@ -321,59 +329,84 @@ func dlqLsCmd(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-func writeDLQSummary(w io.Writer, topic string, letters []deadLetter) {
-	type key struct {
-		topic     string
-		partition int32
-		reason    string
-	}
-	type agg struct {
-		n           int
-		first, last time.Time
-	}
-	groups := map[key]*agg{}
+// dlqGroupKey is what `dlq ls` groups dead letters by.
+type dlqGroupKey struct {
+	topic, pipeline, class, sqlstate string
+	// legacy is the reason without its addresses, for a dead letter
+	// without a ratchet.reason header (written by an older ratchet).
+	legacy string
+}
+
+// dlqGroup is the dead letters of one group.
+type dlqGroup struct {
+	n           int
+	first, last time.Time
+	offsets     map[int32]*[2]int64 // per source partition, lowest and highest offset
+	example     *deadLetter         // the lowest partition and offset
+}
+
+// writeDLQSummary prints the dead letters of topic grouped by source
+// topic, pipeline, reason class and SQLSTATE, each group with its count,
+// its offsets per source partition, the first and last failure and one
+// example's reason (its record values replaced unless includeValues).
+func writeDLQSummary(w io.Writer, topic string, letters []deadLetter, includeValues bool) {
+	groups := map[dlqGroupKey]*dlqGroup{}
 	unreadable := 0
-	for _, d := range letters {
+	for i := range letters {
+		d := &letters[i]
 		if d.Unreadable != "" {
 			unreadable++
 			continue
 		}
-		k := key{d.Topic, d.Partition, reasonClass(d.Reason)}
-		a := groups[k]
-		if a == nil {
-			a = &agg{first: d.FailedAt, last: d.FailedAt}
-			groups[k] = a
+		k := dlqGroupKey{topic: d.Topic, pipeline: d.Pipeline, class: d.Class, sqlstate: d.SQLState}
+		if k.class == "" {
+			k.legacy = reasonClass(d.Reason)
 		}
-		a.n++
-		if d.FailedAt.Before(a.first) {
-			a.first = d.FailedAt
+		g := groups[k]
+		if g == nil {
+			g = &dlqGroup{first: d.FailedAt, last: d.FailedAt, offsets: map[int32]*[2]int64{}, example: d}
+			groups[k] = g
 		}
-		if d.FailedAt.After(a.last) {
-			a.last = d.FailedAt
+		g.n++
+		if d.FailedAt.Before(g.first) {
+			g.first = d.FailedAt
+		}
+		if d.FailedAt.After(g.last) {
+			g.last = d.FailedAt
+		}
+		if r := g.offsets[d.Partition]; r == nil {
+			g.offsets[d.Partition] = &[2]int64{d.Offset, d.Offset}
+		} else {
+			r[0], r[1] = min(r[0], d.Offset), max(r[1], d.Offset)
+		}
+		if e := g.example; d.Partition < e.Partition || d.Partition == e.Partition && d.Offset < e.Offset {
+			g.example = d
 		}
 	}
-	keys := make([]key, 0, len(groups))
-	for k := range groups {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		a, b := keys[i], keys[j]
-		if a.topic != b.topic {
-			return a.topic < b.topic
-		}
-		if a.partition != b.partition {
-			return a.partition < b.partition
-		}
-		return a.reason < b.reason
+	keys := slices.Collect(maps.Keys(groups))
+	slices.SortFunc(keys, func(a, b dlqGroupKey) int {
+		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.pipeline, b.pipeline), cmp.Compare(a.class, b.class),
+			cmp.Compare(a.sqlstate, b.sqlstate), cmp.Compare(a.legacy, b.legacy))
 	})
 	fmt.Fprintf(w, "%s: %d dead letters\n", topic, len(letters))
 	if len(keys) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TOPIC\tPARTITION\tCOUNT\tFIRST FAILED_AT\tLAST FAILED_AT\tREASON")
+		fmt.Fprintln(tw, "TOPIC\tPIPELINE\tREASON\tSQLSTATE\tCOUNT\tOFFSETS\tFIRST FAILED_AT\tLAST FAILED_AT\tEXAMPLE")
 		for _, k := range keys {
-			a := groups[k]
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", k.topic, k.partition, a.n,
-				a.first.Format(time.RFC3339), a.last.Format(time.RFC3339), oneLine(k.reason))
+			g := groups[k]
+			parts := slices.Sorted(maps.Keys(g.offsets))
+			offs := make([]string, len(parts))
+			for i, p := range parts {
+				offs[i] = fmt.Sprintf("%d:%d..%d", p, g.offsets[p][0], g.offsets[p][1])
+			}
+			class := cmp.Or(k.class, "-") // an older ratchet's: the example says why
+			text := oneLine(g.example.Reason)
+			if !includeValues {
+				text = redact.Values(text)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s[%d]@%d: %s\n", k.topic, cmp.Or(k.pipeline, "-"), class,
+				cmp.Or(k.sqlstate, "-"), g.n, strings.Join(offs, ","), g.first.Format(time.RFC3339), g.last.Format(time.RFC3339),
+				k.topic, g.example.Partition, g.example.Offset, text)
 		}
 		_ = tw.Flush()
 	}
@@ -384,13 +417,9 @@ func writeDLQSummary(w io.Writer, topic string, letters []deadLetter) {
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-// batchPrefix is how the engine prefixes an error of a batch it applied
-// ("apply events[3] offsets 120..121: "): the offsets differ for every
-// dead letter, so `dlq ls` groups reasons without it.
-var batchPrefix = regexp.MustCompile(`^apply \S+\[\d+\] offsets \d+\.\.\d+: `)
-
-// reasonClass is a dead letter's reason as `dlq ls` groups it.
-func reasonClass(reason string) string { return batchPrefix.ReplaceAllString(oneLine(reason), "") }
+// reasonClass is the reason of a dead letter without ratchet.reason as
+// `dlq ls` groups it: without the addresses of its batch and record.
+func reasonClass(reason string) string { return redact.Addresses(oneLine(reason)) }
 
 // replayOptions is a parsed `ratchet dlq replay` command line.
 type replayOptions struct {

@@ -161,7 +161,7 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 			keys = append(keys, h.Key)
 		}
 		want := []string{"trace", "origin", actors.HeaderError, actors.HeaderTopic, actors.HeaderPartition,
-			actors.HeaderOffset, actors.HeaderAttempts, actors.HeaderFailedAt}
+			actors.HeaderOffset, actors.HeaderAttempts, actors.HeaderFailedAt, actors.HeaderReason, actors.HeaderSQLState}
 		if strings.Join(keys, ",") != strings.Join(want, ",") {
 			t.Errorf("dead letter headers %v, want %v", keys, want)
 		}
@@ -177,8 +177,8 @@ func TestReplayAfterAFixedConstraint(t *testing.T) {
 	}
 	sum := 0
 	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 3 && f[0] == opsTopic {
-			c, _ := strconv.Atoi(f[2])
+		if f := strings.Fields(line); len(f) > 5 && f[0] == opsTopic {
+			c, _ := strconv.Atoi(f[4])
 			sum += c
 		}
 	}

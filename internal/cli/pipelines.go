@@ -3,7 +3,10 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"math"
+	"time"
 
 	"ratchet/engine"
 	"ratchet/internal/store"
@@ -14,15 +17,29 @@ import (
 // compiled and compared with the database, as `ratchet run` does at
 // start. Each problem is a line naming the pipeline and the key (exit
 // code 2); for a missing table it prints a CREATE TABLE that would
-// satisfy the pipeline.
+// satisfy the pipeline. With --sample N it then runs the pipelines on the
+// last N records of each topic (sample.go) and exits 2 when one would
+// dead-letter more than --threshold of them.
 func pipelinesCmd(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || args[0] != "check" {
-		return usagef("usage: ratchet pipelines check [--config FILE]")
+		return usagef("usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]")
 	}
 	fs := flags(e, "pipelines check")
 	path := fs.String("config", "", "YAML configuration file (pipelines, postgres.url)")
+	sample := fs.Int64("sample", 0, "also run the pipelines on the last N records of each topic (split over its partitions), in a transaction that is rolled back")
+	threshold := fs.Float64("threshold", defaultSampleThreshold, "with --sample: exit 2 when a pipeline would dead-letter more than this share of its sample (0 to 1)")
 	if err := parse(fs, args[1:]); err != nil {
 		return err
+	}
+	thresholdSet := false
+	fs.Visit(func(f *flag.Flag) { thresholdSet = thresholdSet || f.Name == "threshold" })
+	switch {
+	case *sample < 0:
+		return usagef("pipelines check: --sample %d: a number of records, 0 or more", *sample)
+	case math.IsNaN(*threshold) || *threshold < 0 || *threshold > 1:
+		return usagef("pipelines check: --threshold %v: a share of the sample, from 0 to 1", *threshold)
+	case thresholdSet && *sample == 0:
+		return usagef("pipelines check: --threshold needs --sample")
 	}
 	cfg, err := loadConfig(e, *path)
 	if err != nil {
@@ -57,5 +74,10 @@ func pipelinesCmd(ctx context.Context, e *env, args []string) error {
 		}
 		fmt.Fprintf(e.stdout, "pipeline %s: ok (%s %s into %s)\n", p.Name, p.Topic, sink, table)
 	}
-	return nil
+	if *sample == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	return runSample(ctx, e.stdout, cfg, pool, *sample, *threshold)
 }

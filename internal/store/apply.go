@@ -288,6 +288,9 @@ type DeadLetter struct {
 	Attempts int
 	DLQTopic string
 	FailedAt time.Time
+	// Reason, Pipeline and SQLState are the dead letter's reason class,
+	// the pipeline that refused it and PostgreSQL's code (empty: none).
+	Reason, Pipeline, SQLState string
 }
 
 // queueDeadLetters queues the insert of dead into ratchet_dead_letters (a
@@ -302,13 +305,16 @@ func queueDeadLetters(batch *pgx.Batch, claim *Claim, dead []DeadLetter) {
 	attempts := make([]int32, len(dead))
 	topics := make([]string, len(dead))
 	at := make([]time.Time, len(dead))
+	reasons, pipelines, states := make([]string, len(dead)), make([]string, len(dead)), make([]string, len(dead))
 	for i, d := range dead {
 		offsets[i], errs[i], attempts[i], topics[i], at[i] = d.Offset, d.Error, int32(d.Attempts), d.DLQTopic, d.FailedAt
+		reasons[i], pipelines[i], states[i] = d.Reason, d.Pipeline, d.SQLState
 	}
 	batch.Queue(`
-INSERT INTO ratchet_dead_letters (consumer_group, topic, partition, "offset", error, attempts, dlq_topic, failed_at)
-SELECT $1, $2, $3, o, e, a, d, f FROM unnest($4::bigint[], $5::text[], $6::int[], $7::text[], $8::timestamptz[]) AS t(o, e, a, d, f)
-ON CONFLICT DO NOTHING`, claim.Group, claim.Topic, claim.Partition, offsets, errs, attempts, topics, at)
+INSERT INTO ratchet_dead_letters (consumer_group, topic, partition, "offset", error, attempts, dlq_topic, failed_at, reason, pipeline, sqlstate)
+SELECT $1, $2, $3, o, e, a, d, f, NULLIF(r, ''), NULLIF(pl, ''), NULLIF(st, '')
+FROM unnest($4::bigint[], $5::text[], $6::int[], $7::text[], $8::timestamptz[], $9::text[], $10::text[], $11::text[]) AS t(o, e, a, d, f, r, pl, st)
+ON CONFLICT DO NOTHING`, claim.Group, claim.Topic, claim.Partition, offsets, errs, attempts, topics, at, reasons, pipelines, states)
 }
 
 // CommitUnknownError is a batch transaction whose COMMIT was sent but not

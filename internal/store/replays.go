@@ -146,30 +146,41 @@ WHERE dlq_topic = $1 AND dlq_partition = $2 AND dlq_offset = $3 AND state = 'pen
 // DeadLetterReason is the dead letters of one input topic with one reason,
 // as ratchet_dead_letters records them in exactly-once mode.
 type DeadLetterReason struct {
-	Topic  string
+	Topic string
+	// Class, Pipeline and SQLState group the dead letters (empty: none;
+	// Class is empty on rows written before it was recorded, grouped by
+	// their text instead).
+	Class, Pipeline, SQLState string
+	// Reason is the error of the group's latest dead letter, without the
+	// addresses of its batch and record.
 	Reason string
 	Count  int64
 	Last   time.Time // the latest failed_at
 }
 
-// DeadLetterReasons returns group's dead letters grouped by topic and
-// reason, the most recently failing first, at most limit of them. Reasons
-// are grouped without the batch offsets the engine prefixes to a database
-// error ("apply events[3] offsets 120..121: "), which differ for every
-// record.
+// DeadLetterReasons returns group's dead letters grouped by topic, reason
+// class, pipeline and SQLSTATE, the most recently failing first, at most
+// limit of them. Rows without a class are grouped by their error without
+// the addresses the engine and the pipelines put in it ("apply events[3]
+// offsets 120..121: ", "record orders[2]@1031: "), which differ for every
+// record (redact.Addresses does the same in Go).
 func DeadLetterReasons(ctx context.Context, pool *pgxpool.Pool, group string, limit int) ([]DeadLetterReason, error) {
 	rows, err := pool.Query(ctx, `
-SELECT topic, reason, count(*), max(failed_at) FROM (
-    SELECT topic, regexp_replace(error, '^apply \S+\[\d+\] offsets \d+\.\.\d+: ', '') AS reason, failed_at
+SELECT topic, coalesce(reason, ''), coalesce(pipeline, ''), coalesce(sqlstate, ''),
+       (array_agg(text ORDER BY failed_at DESC))[1], count(*), max(failed_at) FROM (
+    SELECT topic, reason, pipeline, sqlstate, failed_at,
+           regexp_replace(regexp_replace(error, 'apply \S+\[\d+\] offsets \d+\.\.\d+: ', '', 'g'),
+                          'record \S+\[\d+\]@\d+: ', '', 'g') AS text
     FROM ratchet_dead_letters WHERE consumer_group = $1
 ) d
-GROUP BY topic, reason ORDER BY max(failed_at) DESC, topic, reason LIMIT $2`, group, limit)
+GROUP BY topic, reason, pipeline, sqlstate, CASE WHEN reason IS NULL THEN text END
+ORDER BY max(failed_at) DESC, topic, 2, 3, 4 LIMIT $2`, group, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read dead letters of group %s: %w", group, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetterReason, error) {
 		var d DeadLetterReason
-		err := r.Scan(&d.Topic, &d.Reason, &d.Count, &d.Last)
+		err := r.Scan(&d.Topic, &d.Class, &d.Pipeline, &d.SQLState, &d.Reason, &d.Count, &d.Last)
 		return d, err
 	})
 	if err != nil {

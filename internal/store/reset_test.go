@@ -96,24 +96,30 @@ func TestResetOffsetsIsGuardedByThePlannedEpoch(t *testing.T) {
 	}
 }
 
-// TestDeadLetterReasons groups ratchet_dead_letters by topic and reason,
-// without the batch offsets in database errors, latest first.
+// TestDeadLetterReasons groups ratchet_dead_letters by topic, reason
+// class, pipeline and SQLSTATE, latest first; rows without a class (written
+// before it was recorded) by their text without the batch and record
+// addresses.
 func TestDeadLetterReasons(t *testing.T) {
 	pool := migratedPool(t)
 	ctx := testCtx(t)
 	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	for i, d := range []struct {
-		topic, err string
-		at         time.Time
+		topic, err                string
+		at                        time.Time
+		class, pipeline, sqlstate any
 	}{
-		{"events", "decode protobuf: bad", t0},
-		{"events", "decode protobuf: bad", t0.Add(time.Minute)},
-		{"events", `apply events[0] offsets 4..5: ledger: ERROR: check "x" (SQLSTATE 23514)`, t0.Add(2 * time.Minute)},
-		{"events", `apply events[1] offsets 9..10: ledger: ERROR: check "x" (SQLSTATE 23514)`, t0.Add(3 * time.Minute)},
-		{"other", "decode protobuf: bad", t0},
+		{"events", "decode protobuf: bad", t0, nil, nil, nil},
+		{"events", "decode protobuf: bad", t0.Add(time.Minute), nil, nil, nil},
+		{"events", `apply events[0] offsets 4..5: ledger: ERROR: check "x" (SQLSTATE 23514)`, t0.Add(2 * time.Minute), nil, nil, nil},
+		{"events", `apply events[1] offsets 9..10: ledger: ERROR: check "x" (SQLSTATE 23514)`, t0.Add(3 * time.Minute), nil, nil, nil},
+		{"other", "decode protobuf: bad", t0, nil, nil, nil},
+		{"orders", `apply orders[0] offsets 4..5: pipelines: pipeline o: record orders[0]@4: time: "soon" is not an RFC 3339 time`, t0.Add(4 * time.Minute), "expression", "o", nil},
+		{"orders", `apply orders[1] offsets 7..9: pipelines: pipeline o: record orders[1]@8: time: "later" is not an RFC 3339 time`, t0.Add(5 * time.Minute), "expression", "o", nil},
+		{"orders", `apply orders[1] offsets 11..12: pipeline o: upsert 1 rows of o: ERROR: invalid input syntax for type numeric: "x" (SQLSTATE 22P02)`, t0.Add(time.Minute), "refused_by_postgres", "o", "22P02"},
 	} {
-		if _, err := pool.Exec(ctx, `INSERT INTO ratchet_dead_letters VALUES ('g', $1, 0, $2, $3, 1, 'x.dlq', $4)`,
-			d.topic, i, d.err, d.at); err != nil {
+		if _, err := pool.Exec(ctx, `INSERT INTO ratchet_dead_letters VALUES ('g', $1, 0, $2, $3, 1, 'x.dlq', $4, $5, $6, $7)`,
+			d.topic, i, d.err, d.at, d.class, d.pipeline, d.sqlstate); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -122,15 +128,20 @@ func TestDeadLetterReasons(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []store.DeadLetterReason{
+		{Topic: "orders", Class: "expression", Pipeline: "o", Reason: `pipelines: pipeline o: time: "later" is not an RFC 3339 time`, Count: 2, Last: t0.Add(5 * time.Minute)},
 		{Topic: "events", Reason: `ledger: ERROR: check "x" (SQLSTATE 23514)`, Count: 2, Last: t0.Add(3 * time.Minute)},
 		{Topic: "events", Reason: "decode protobuf: bad", Count: 2, Last: t0.Add(time.Minute)},
+		{Topic: "orders", Class: "refused_by_postgres", Pipeline: "o", SQLState: "22P02", Reason: `pipeline o: upsert 1 rows of o: ERROR: invalid input syntax for type numeric: "x" (SQLSTATE 22P02)`, Count: 1, Last: t0.Add(time.Minute)},
 		{Topic: "other", Reason: "decode protobuf: bad", Count: 1, Last: t0},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 	for i := range want {
-		if got[i].Topic != want[i].Topic || got[i].Reason != want[i].Reason || got[i].Count != want[i].Count || !got[i].Last.Equal(want[i].Last) {
+		g := got[i]
+		same := g.Last.Equal(want[i].Last)
+		g.Last = want[i].Last
+		if !same || g != want[i] {
 			t.Errorf("row %d: got %+v, want %+v", i, got[i], want[i])
 		}
 	}

@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -67,5 +68,45 @@ func TestNoDeadLettersPanelWithoutASource(t *testing.T) {
 	}
 	if body := do(t, h, http.MethodGet, "/api/state").body; !strings.Contains(body, `"dead_letters":null`) {
 		t.Errorf("dead_letters is not null: %s", body)
+	}
+}
+
+// The panel has a line per topic, pipeline, reason class and SQLSTATE,
+// and its example reason reaches the page and /api/state without the
+// record values it quotes (the page needs no login), unless
+// log.include_values.
+func TestDeadLettersPanelGroupsAndKeepsValuesOut(t *testing.T) {
+	src := &deadSource{fakeSource: newFake(), dead: []DeadLetterSummary{
+		{Topic: "orders", Class: "refused_by_postgres", Pipeline: "orders", SQLState: "22P02", Count: 684,
+			Reason: `pipeline orders: upsert 1 rows of orders: ERROR: invalid input syntax for type numeric: "jane@example.com" (SQLSTATE 22P02)`},
+		{Topic: "orders", Class: "expression", Pipeline: "revenue", Count: 3,
+			Reason: `pipelines: pipeline revenue: rollup.time: the int 4111111111111111 is not a timestamp`},
+	}}
+	for _, tt := range []struct {
+		name          string
+		includeValues bool
+	}{{"default", false}, {"opted in", true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := New(Options{Source: src, Logger: slog.New(slog.DiscardHandler), IncludeValues: tt.includeValues})
+			h := s.Handler()
+			body := do(t, h, http.MethodGet, "/api/state").body
+			page := do(t, h, http.MethodGet, "/").body
+			for _, where := range []struct{ name, text string }{{"/api/state", body}, {"/", page}} {
+				leaked := strings.Contains(where.text, "jane@example.com") || strings.Contains(where.text, "4111111111111111")
+				if leaked != tt.includeValues {
+					t.Errorf("%s: record values shown = %v, want %v", where.name, leaked, tt.includeValues)
+				}
+			}
+			for _, want := range []string{`"class":"refused_by_postgres"`, `"pipeline":"orders"`, `"sqlstate":"22P02"`} {
+				if !strings.Contains(body, want) {
+					t.Errorf("/api/state lacks %s: %s", want, body)
+				}
+			}
+			for _, want := range []string{"<td>refused_by_postgres 22P02</td>", "<td>revenue</td>", "<td>expression</td>", "684"} {
+				if !strings.Contains(page, want) {
+					t.Errorf("page lacks %q", want)
+				}
+			}
+		})
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"ratchet/internal/redact"
 )
 
 // errNoSource is returned by snapshot when the server was built without one.
@@ -21,6 +23,10 @@ type state struct {
 	Rollups     []Rollup
 	DeadLetters []DeadLetterSummary // nil without a DeadLetterSource
 	Pipelines   []PipelineSummary   // nil without a PipelineSource
+	// Dashboard says whether the page charts dashboard_rollups: not when
+	// configured pipelines replace the built-in processor and none of them
+	// writes that table (the panel would stay empty).
+	Dashboard   bool
 	Readiness   Readiness
 	GeneratedAt time.Time
 	Since       time.Time // first bucket of the window
@@ -53,6 +59,12 @@ func (s *Server) snapshot(ctx context.Context) (state, error) {
 		if dead == nil {
 			dead = []DeadLetterSummary{}
 		}
+		dead = slices.Clone(dead)
+		for i := range dead {
+			if !s.includeValues {
+				dead[i].Reason = redact.Values(dead[i].Reason)
+			}
+		}
 	}
 	var pls []PipelineSummary
 	if ps, ok := s.source.(PipelineSource); ok {
@@ -79,10 +91,30 @@ func (s *Server) snapshot(ctx context.Context) (state, error) {
 		Rollups:     rs,
 		DeadLetters: dead,
 		Pipelines:   pls,
+		Dashboard:   chartsDashboard(pls),
 		Readiness:   s.source.Readiness(),
 		GeneratedAt: now,
 		Since:       since,
 	}, nil
+}
+
+// dashboardTable is the built-in processor's table, which the Dashboard
+// panel charts.
+const dashboardTable = "dashboard_rollups"
+
+// chartsDashboard reports whether the Dashboard panel has anything to
+// chart: the built-in processor runs (no pipelines), or a pipeline writes
+// its table (the dashboard as a pipeline).
+func chartsDashboard(pls []PipelineSummary) bool {
+	if pls == nil {
+		return true
+	}
+	for _, p := range pls {
+		if t := p.Table; t == dashboardTable || strings.HasSuffix(t, "."+dashboardTable) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) readiness() Readiness {
@@ -187,11 +219,13 @@ type stateJSON struct {
 	// DeadLetters is null when the source has no dead-letter reasons.
 	DeadLetters []deadLetterJSON `json:"dead_letters"`
 	// Pipelines is null when no pipelines are configured.
-	Pipelines   []pipelineSummaryJSON `json:"pipelines"`
-	Readiness   readinessJSON         `json:"readiness"`
-	GeneratedAt time.Time             `json:"generated_at"`
-	Since       time.Time             `json:"since"`
-	Window      int                   `json:"window_minutes"`
+	Pipelines []pipelineSummaryJSON `json:"pipelines"`
+	// Dashboard is false when the Dashboard panel has nothing to chart.
+	Dashboard   bool          `json:"dashboard"`
+	Readiness   readinessJSON `json:"readiness"`
+	GeneratedAt time.Time     `json:"generated_at"`
+	Since       time.Time     `json:"since"`
+	Window      int           `json:"window_minutes"`
 }
 
 type pipelineSummaryJSON struct {
@@ -242,10 +276,13 @@ type rollupJSON struct {
 }
 
 type deadLetterJSON struct {
-	Topic  string     `json:"topic"`
-	Reason string     `json:"reason"`
-	Count  int64      `json:"count"`
-	Last   *time.Time `json:"last_failed_at"` // null when unknown
+	Topic    string     `json:"topic"`
+	Class    string     `json:"class"`
+	Pipeline string     `json:"pipeline"`
+	SQLState string     `json:"sqlstate"`
+	Reason   string     `json:"reason"`
+	Count    int64      `json:"count"`
+	Last     *time.Time `json:"last_failed_at"` // null when unknown
 }
 
 type readinessJSON struct {
@@ -278,6 +315,7 @@ func toStateJSON(st state) stateJSON {
 			Partitions: make([]partitionJSON, 0, len(st.Pipeline.Partitions)),
 		},
 		Rollups:     make([]rollupJSON, 0, len(st.Rollups)),
+		Dashboard:   st.Dashboard,
 		Readiness:   readinessJSON{State: string(st.Readiness.State), Reason: st.Readiness.Reason},
 		GeneratedAt: st.GeneratedAt,
 		Since:       st.Since,
@@ -305,7 +343,7 @@ func toStateJSON(st state) stateJSON {
 		out.DeadLetters = make([]deadLetterJSON, 0, len(st.DeadLetters))
 	}
 	for _, d := range st.DeadLetters {
-		j := deadLetterJSON{Topic: d.Topic, Reason: d.Reason, Count: d.Count}
+		j := deadLetterJSON{Topic: d.Topic, Class: d.Class, Pipeline: d.Pipeline, SQLState: d.SQLState, Reason: d.Reason, Count: d.Count}
 		if !d.Last.IsZero() {
 			last := d.Last.UTC()
 			j.Last = &last

@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -70,5 +71,40 @@ func TestStartingForwardsPipelines(t *testing.T) {
 	st.Serve(&pipelineSource{fakeSource: newFake(), pls: []PipelineSummary{{Name: "orders", Sink: "upsert", Written: 5}}})
 	if body := do(t, h, http.MethodGet, "/api/state").body; !strings.Contains(body, `"name":"orders"`) {
 		t.Errorf("after Serve, the pipelines are not shown: %s", body)
+	}
+}
+
+// With pipelines replacing the built-in processor the Dashboard panel,
+// which charts dashboard_rollups, is hidden, unless a pipeline writes that
+// table (the dashboard as a pipeline). The pipelines panel says its
+// written counts include retries and has no stray "pipelines:" in its
+// subtitle.
+func TestDashboardPanelWithPipelines(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		pls  []PipelineSummary
+		want bool
+	}{
+		{"no pipelines", nil, true},
+		{"pipelines into other tables", []PipelineSummary{{Name: "orders", Sink: "upsert", Table: "orders"}}, false},
+		{"the dashboard as a pipeline", []PipelineSummary{{Name: "dashboard", Sink: "rollup", Table: "public.dashboard_rollups"}}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var src Source = newFake()
+			if tt.pls != nil {
+				src = &pipelineSource{fakeSource: newFake(), pls: tt.pls}
+			}
+			h := newTestServer(t, src).Handler()
+			page := do(t, h, http.MethodGet, "/").body
+			if shown := strings.Contains(page, `<section id="dashboard" class="dashboard">`); shown != tt.want {
+				t.Errorf("dashboard panel shown = %v, want %v", shown, tt.want)
+			}
+			if body := do(t, h, http.MethodGet, "/api/state").body; !strings.Contains(body, fmt.Sprintf(`"dashboard":%v`, tt.want)) {
+				t.Errorf("/api/state dashboard is not %v: %s", tt.want, body)
+			}
+			if tt.pls != nil && (!strings.Contains(page, "Written (incl. retries)") || strings.Contains(page, "<code>pipelines:</code> ·")) {
+				t.Errorf("pipelines panel head: %s", page)
+			}
+		})
 	}
 }

@@ -49,17 +49,24 @@ type Options struct {
 	Logger *slog.Logger
 	// Title heads the page; empty means "ratchet".
 	Title string
+	// IncludeValues shows the reasons of dead letters with the record
+	// values they quote (log.include_values); otherwise those values are
+	// replaced by … (redact.Values) before the page or /api/state shows
+	// them: the page needs no login.
+	IncludeValues bool
 }
 
 // Server is ratchet's HTTP server. Create it with New; its handler is safe
 // for concurrent use.
 type Server struct {
-	addr    string
-	source  Source
-	log     *slog.Logger
-	title   string
-	handler http.Handler
-	now     func() time.Time // replaced in tests
+	addr   string
+	source Source
+	log    *slog.Logger
+	title  string
+	// includeValues: Options.IncludeValues.
+	includeValues bool
+	handler       http.Handler
+	now           func() time.Time // replaced in tests
 
 	lastWarn atomic.Int64 // unix nanos of the last source warning logged
 }
@@ -72,6 +79,8 @@ func New(opts Options) *Server {
 		log:    opts.Logger,
 		title:  opts.Title,
 		now:    time.Now,
+
+		includeValues: opts.IncludeValues,
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -40,6 +40,9 @@ type pageView struct {
 	// ShowPipelines is set when the source runs configured pipelines.
 	ShowPipelines bool
 	Pipelines     []pipelineView
+	// ShowDashboard is false when the Dashboard panel has nothing to chart
+	// (pipelines replace the built-in processor).
+	ShowDashboard bool
 }
 
 type pipelineView struct {
@@ -50,10 +53,12 @@ type pipelineView struct {
 }
 
 type deadLetterView struct {
-	Topic  string
-	Reason string
-	Count  string
-	Last   string
+	Topic    string
+	Pipeline string
+	Class    string // the reason class, with the SQLSTATE when there is one
+	Reason   string
+	Count    string
+	Last     string
 }
 
 type summaryView struct {
@@ -126,14 +131,15 @@ func stateLabel(s ReadinessState) string {
 
 func buildErrorView(title string, rd Readiness, now time.Time) pageView {
 	return pageView{
-		Title:       title,
-		State:       stateLabel(rd.State),
-		StateClass:  stateClass(rd.State),
-		Reason:      rd.Reason,
-		Error:       "source unavailable",
-		GeneratedAt: now.Format(time.RFC3339),
-		Window:      windowMinutes,
-		Summary:     buildSummary(nil),
+		Title:         title,
+		State:         stateLabel(rd.State),
+		StateClass:    stateClass(rd.State),
+		Reason:        rd.Reason,
+		Error:         "source unavailable",
+		GeneratedAt:   now.Format(time.RFC3339),
+		Window:        windowMinutes,
+		Summary:       buildSummary(nil),
+		ShowDashboard: true,
 	}
 }
 
@@ -155,6 +161,7 @@ func buildView(title string, st state) pageView {
 		v.Rows = append(v.Rows, buildRow(p))
 	}
 	v.Metrics = buildMetrics(st.Rollups, st.Since)
+	v.ShowDashboard = st.Dashboard
 	v.ShowPipelines = st.Pipelines != nil
 	for _, p := range st.Pipelines {
 		v.Pipelines = append(v.Pipelines, pipelineView{Name: p.Name, Topic: p.Topic, Sink: p.Sink, Table: p.Table,
@@ -178,7 +185,11 @@ func pipelineRows(p PipelineSummary) string {
 }
 
 func buildDeadLetter(d DeadLetterSummary) deadLetterView {
-	v := deadLetterView{Topic: d.Topic, Reason: d.Reason, Count: formatInt(d.Count), Last: "—"}
+	v := deadLetterView{Topic: d.Topic, Pipeline: d.Pipeline, Class: deadLetterClass(d), Reason: d.Reason,
+		Count: formatInt(d.Count), Last: "—"}
+	if v.Pipeline == "" {
+		v.Pipeline = "—"
+	}
 	if v.Reason == "" {
 		v.Reason = "reasons: ratchet dlq ls"
 	}
@@ -186,6 +197,18 @@ func buildDeadLetter(d DeadLetterSummary) deadLetterView {
 		v.Last = d.Last.UTC().Format(time.RFC3339)
 	}
 	return v
+}
+
+// deadLetterClass is the reason column: the class, and the SQLSTATE when
+// PostgreSQL refused ("refused_by_postgres 22P02"); "—" when unknown.
+func deadLetterClass(d DeadLetterSummary) string {
+	switch {
+	case d.Class == "":
+		return "—"
+	case d.SQLState != "":
+		return d.Class + " " + d.SQLState
+	}
+	return d.Class
 }
 
 func buildSummary(ps []PartitionStatus) []summaryView {

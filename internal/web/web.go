@@ -61,8 +61,15 @@ type PipelineSummary struct {
 // of one input topic with one reason.
 type DeadLetterSummary struct {
 	Topic string
-	// Reason is empty when the source only counts (at-least-once mode,
-	// where the reasons are only in the dead-letter topic).
+	// Class, Pipeline and SQLState are what the dead letters are grouped
+	// by: the reason class (decode, expression, refused_by_postgres, ...),
+	// the pipeline that refused them and PostgreSQL's code; empty when
+	// unknown (none, or rows written before they were recorded).
+	Class, Pipeline, SQLState string
+	// Reason is an example of the group's errors; empty when the source
+	// only counts (at-least-once mode, where the reasons are only in the
+	// dead-letter topic). The server takes the record values out of it
+	// unless Options.IncludeValues.
 	Reason string
 	Count  int64
 	Last   time.Time // the latest failure; zero when unknown

@@ -15,8 +15,9 @@ import (
 // JSONDecoder decodes the values of a topic whose pipelines have format
 // json into Record.Decoded: objects become map[string]any, arrays []any,
 // numbers int64 when they are integers that fit (else float64), strings,
-// bools and null as themselves. A null record value (a tombstone) decodes
-// to nothing and is not poison. With a schema registry configured, a
+// bools and null as themselves; a number beyond float64's range (1e400)
+// makes the value poison ("number out of range"): no CEL value holds it.
+// A null record value (a tombstone) decodes to nothing and is not poison. With a schema registry configured, a
 // value in the registry's JSON Schema wire format (magic byte 0, a 4-byte
 // schema id) has its 5-byte header skipped: a JSON document never starts
 // with a zero byte.
@@ -59,32 +60,45 @@ func DecodeJSON(b []byte, framed bool) (any, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("json: more than one JSON value")
 	}
-	return numbers(v), nil
+	if err := numbers(&v); err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
+// errNumberRange refuses a number no float64 holds. Its text names no
+// digits: they are the record's value.
+var errNumberRange = errors.New("json: number out of range (beyond ±1.8e308)")
+
 // numbers replaces json.Number with int64 or float64, in place.
-func numbers(v any) any {
-	switch x := v.(type) {
+func numbers(p *any) error {
+	switch x := (*p).(type) {
 	case map[string]any:
 		for k, e := range x {
-			x[k] = numbers(e)
+			if err := numbers(&e); err != nil {
+				return err
+			}
+			x[k] = e
 		}
 	case []any:
-		for i, e := range x {
-			x[i] = numbers(e)
+		for i := range x {
+			if err := numbers(&x[i]); err != nil {
+				return err
+			}
 		}
 	case json.Number:
 		s := string(x)
 		if !strings.ContainsAny(s, ".eE") {
 			if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-				return n
+				*p = n
+				return nil
 			}
 		}
 		f, err := strconv.ParseFloat(s, 64)
 		if err != nil {
-			return s // out of float64 range: keep the digits
+			return errNumberRange
 		}
-		return f
+		*p = f
 	}
-	return v
+	return nil
 }

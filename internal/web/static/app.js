@@ -163,7 +163,7 @@
     if (dead.length === 0) {
       var tr = el("tr", "empty-row");
       var c = td("", "No dead letters.");
-      c.colSpan = 4;
+      c.colSpan = 6;
       tr.appendChild(c);
       rows.push(tr);
     }
@@ -171,9 +171,11 @@
       var tr = el("tr");
       [
         td("topic", d.topic),
-        td("reason-text", d.reason || "reasons: ratchet dlq ls"),
+        td("", d.pipeline || "—"),
+        td("", d.class ? d.class + (d.sqlstate ? " " + d.sqlstate : "") : "—"),
         td("num bad", fmtInt(d.count)),
-        td("", d.last_failed_at ? d.last_failed_at.replace(/\.\d+Z$/, "Z") : "—")
+        td("", d.last_failed_at ? d.last_failed_at.replace(/\.\d+Z$/, "Z") : "—"),
+        td("reason-text", d.reason || "reasons: ratchet dlq ls")
       ].forEach(function (c) { tr.appendChild(c); });
       rows.push(tr);
     });
@@ -313,6 +315,7 @@
         renderPartitions(s.pipeline.partitions);
         renderPipelines(s.pipelines);
         renderDeadLetters(s.dead_letters);
+        $("dashboard").hidden = s.dashboard === false;
         renderMetrics(s);
         $("error").hidden = true;
         setLive("", "live");
