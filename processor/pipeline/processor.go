@@ -506,8 +506,9 @@ func evalColumns(cols []*expr, sql *statements, first int, act interpreter.Activ
 	return out, string(key), nil
 }
 
-// write sends one pipeline's rows. Rows are in key order, so transactions
-// of different partitions lock shared rows in the same order and cannot
+// write sends one pipeline's rows. Each statement's rows are in key order
+// (upserts and rollups sort them in the statement), so transactions of
+// different partitions lock shared rows in the same order and cannot
 // deadlock each other.
 func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bool) error {
 	pl, sql := st.pl, p.stmts[st.pl.index]
@@ -530,9 +531,10 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 		// version of a key thus reaches PostgreSQL in offset order, judged
 		// as if the records were applied one by one, so the records it
 		// refuses are the same whatever the batch.
-		slices.SortFunc(st.uRows, func(a, b upsertRow) int {
-			return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.key, b.key))
-		})
+		// Within a rank the rows stay in offset order: the statement's
+		// ordinal breaks ties between keys equal for PostgreSQL, and it
+		// sorts the rows by key itself (the lock order).
+		slices.SortStableFunc(st.uRows, func(a, b upsertRow) int { return cmp.Compare(a.rank, b.rank) })
 		for rows := st.uRows; len(rows) > 0; {
 			n := 1
 			for n < len(rows) && rows[n].rank == rows[0].rank {
@@ -547,6 +549,7 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 				}
 			}
 			rows = rows[n:]
+			slices.SortFunc(dels, func(a, b upsertRow) int { return cmp.Compare(a.key, b.key) })
 			if len(dels) > 0 {
 				if err := exec("delete", sql.delete, len(dels), columnsOf(dels, sql.kinds[:len(pl.upsert.key)])); err != nil {
 					return err
