@@ -11,7 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"ratchet/config"
 	"ratchet/internal/store"
+	"ratchet/internal/testenv"
 	"ratchet/processor"
 	"ratchet/processor/pipeline"
 )
@@ -371,6 +373,121 @@ func TestVersionNotATimeOrNumberIsTheRecords(t *testing.T) {
 			err := apply(t, pool, p, rec(t, 0, "u", tc.value))
 			if !processor.IsPermanent(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want a permanent error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestSharedTables: two pipelines may write one table only when both are
+// rollups; otherwise Compile refuses the later one's table, naming both
+// pipelines, with the table names compared as PostgreSQL folds them.
+func TestSharedTables(t *testing.T) {
+	const head = "kafka:\n  topics: [orders]\npipelines:\n"
+	pl := func(name, sink string) string {
+		return "  - name: " + name + "\n    topic: orders\n    format: json\n" + sink
+	}
+	upsert := func(table string) string {
+		return "    upsert: {table: " + table + ", key: {id: string(record.key)}, columns: {a: value.a}, on_tombstone: delete}\n"
+	}
+	rollup := func(table string) string {
+		return "    rollup: {table: " + table + ", time: value.ts, bucket: 1m, bucket_column: minute, group_by: {c: value.c}, aggregates: {n: count}}\n"
+	}
+	cases := []struct{ name, yaml, want string }{
+		{"two upserts", head + pl("a", upsert("t")) + pl("b", upsert("t")),
+			"pipelines[1].upsert.table: pipeline b writes table t, which pipeline a (pipelines[0]) writes too"},
+		{"case and public", head + pl("a", upsert("T")) + pl("b", upsert("public.t")),
+			"pipelines[1].upsert.table: pipeline b writes table public.t, which pipeline a (pipelines[0]) writes too"},
+		{"upsert and rollup", head + pl("a", rollup("t")) + pl("b", rollup("u")) + pl("c", upsert("t")),
+			"pipelines[2].upsert.table: pipeline c writes table t, which pipeline a (pipelines[0]) writes too"},
+		{"rollups may share", head + pl("a", rollup("t")) + pl("b", rollup("public.T")), ""},
+		{"other schema is another table", head + pl("a", upsert("t")) + pl("b", upsert("other.t")), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := loadConfig(t, tc.yaml)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = pipeline.Compile(cfg)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("err = %v, want none", err)
+				}
+				return
+			}
+			if !config.IsConfigError(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err =\n%v\nwant a configuration error containing\n%s", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestVersionConfiguration: upsert.version's keys are checked by Load and
+// Compile, its column by Check, and the CREATE TABLE Check prints for a
+// missing table has the version column.
+func TestVersionConfiguration(t *testing.T) {
+	const head = "kafka:\n  topics: [orders]\npipelines:\n  - name: a\n    topic: orders\n    format: json\n"
+	cases := []struct{ name, upsert, want string }{
+		{"version_column without version", "{table: t, key: {id: value.id}, columns: {s: value.s}, version_column: at}",
+			`pipelines[0].upsert.version_column: "at" is not allowed (allowed: nothing without upsert.version`},
+		{"version_column in the key", "{table: t, key: {id: value.id}, version: value.at, version_column: ID}",
+			`pipelines[0].upsert.version_column: "ID" is not allowed (allowed: a column that is not part of upsert.key)`},
+		{"version not a time or number", "{table: t, key: {id: value.id}, version: 'value.at == 1'}",
+			`pipelines[0].upsert.version: "value.at == 1" is not allowed (allowed: a timestamp, an RFC 3339 string or a number`},
+		{"version column written from another expression", "{table: t, key: {id: value.id}, columns: {at: value.b}, version: value.at, version_column: at}",
+			`pipelines[0].upsert.columns.at: "value.b" is not allowed (allowed: the version's expression (value.at)`},
+		{"unknown key", "{table: t, key: {id: value.id}, versoin: value.at}", "pipelines[0].upsert.versoin: unknown key (did you mean version?)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := loadConfig(t, head+"    upsert: "+tc.upsert+"\n")
+			if err == nil {
+				_, err = pipeline.Compile(cfg)
+			}
+			if !config.IsConfigError(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err =\n%v\nwant a configuration error containing\n%s", err, tc.want)
+			}
+		})
+	}
+
+	checks := []struct{ name, upsert, tables, want string }{
+		{"no version column", "{table: t, key: {id: value.id}, columns: {s: value.s}, version: value.at}",
+			"CREATE TABLE t (id text PRIMARY KEY, s text)", "pipelines[0].upsert.version: pipeline a: table t has no column version"},
+		{"named column missing", "{table: t, key: {id: value.id}, version: value.at, version_column: seen}",
+			"CREATE TABLE t (id text PRIMARY KEY, s text)", "pipelines[0].upsert.version_column: pipeline a: table t has no column seen"},
+		{"version column of a text type", "{table: t, key: {id: value.id}, columns: {at: value.at}, version: value.at}",
+			"CREATE TABLE t (id text PRIMARY KEY, at text)", "pipelines[0].upsert.columns.at: pipeline a: column at of t stores upsert.version and is text, not timestamptz or a number type"},
+		{"create table", "{table: t, key: {id: value.id}, columns: {s: value.s}, version: int(value.seq)}",
+			"", "version bigint"},
+	}
+	for _, tc := range checks {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := loadConfig(t, head+"    upsert: "+tc.upsert+"\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			set, err := pipeline.Compile(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool, err := pgxpool.New(t.Context(), testenv.Postgres(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			if tc.tables != "" {
+				if _, err := pool.Exec(t.Context(), tc.tables); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err = pipeline.Check(t.Context(), pool, set)
+			var se *pipeline.SchemaError
+			if !errors.As(err, &se) {
+				t.Fatalf("err = %v, want a *SchemaError", err)
+			}
+			text := err.Error() + "\n" + strings.Join(se.CreateTables, "\n")
+			if !strings.Contains(text, tc.want) {
+				t.Fatalf("check:\n%s\nwant it to contain\n%s", text, tc.want)
 			}
 		})
 	}
