@@ -22,7 +22,7 @@ import (
 func TestPipelineResultsAreAFunctionOfTheInput(t *testing.T) {
 	const partitions = 3
 	in := testenv.DeterminismStream(1500, partitions)
-	wantDocs, wantGroups, wantDead := testenv.DeterminismModel(in)
+	wantDocs, wantGroups, wantNewest, wantDead := testenv.DeterminismModel(in)
 	t.Logf("%d docs rows, %d per_group rows, %d dead letters", len(wantDocs), len(wantGroups), len(wantDead))
 	path := filepath.Join(t.TempDir(), "pipelines.yaml")
 	if err := os.WriteFile(path, []byte(testenv.DeterminismYAML(topic)), 0o600); err != nil {
@@ -50,7 +50,10 @@ func TestPipelineResultsAreAFunctionOfTheInput(t *testing.T) {
 			startWith(t, cfg, engine.Options{}, testenv.Log{})
 			waitAppliedToEnd(t, cluster, pool, cfg.Kafka.GroupID)
 
-			docs, groups := testenv.DeterminismResult(t, pool)
+			docs, groups, newest := testenv.DeterminismResult(t, pool)
+			if !slices.Equal(newest, wantNewest) {
+				t.Errorf("newest:\n%s", diff(newest, wantNewest))
+			}
 			if !slices.Equal(docs, wantDocs) {
 				t.Errorf("docs:\n%s", diff(docs, wantDocs))
 			}

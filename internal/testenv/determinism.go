@@ -20,10 +20,11 @@ import (
 // engine tests run it at several batch sizes, the crash tests with kill
 // -9; every run must give the model's result.
 
-// DeterminismYAML returns the configuration of the two pipelines reading
-// topic: docs, the latest document per key (jsonb, numeric(5,2), a CHECK
-// and varchar(8) columns, tombstones delete), and per_group, a count and
-// sum per group and minute.
+// DeterminismYAML returns the configuration of the three pipelines
+// reading topic: docs, the latest document per key (jsonb, numeric(5,2), a
+// CHECK and varchar(8) columns, tombstones delete); per_group, a count and
+// sum per group and minute; newest, per key the record of the highest
+// version (upsert.version, versions shuffled).
 func DeterminismYAML(topic string) string {
 	return `
 kafka:
@@ -47,6 +48,14 @@ pipelines:
       bucket_column: minute
       group_by: { g: value.g }
       aggregates: { n: count, qty: sum(int(value.qty)) }
+  - name: newest
+    topic: ` + topic + `
+    format: json
+    upsert:
+      table: newest
+      key:     { id: string(record.key) }
+      columns: { n: value.body.n }
+      version: value.v
 `
 }
 
@@ -54,6 +63,7 @@ pipelines:
 const DeterminismTables = `
 CREATE TABLE docs (id text PRIMARY KEY, body jsonb, price numeric(5,2), qty integer CHECK (qty >= 0), code varchar(8));
 CREATE TABLE per_group (g text NOT NULL, minute timestamptz NOT NULL, n bigint, qty bigint, PRIMARY KEY (g, minute));
+CREATE TABLE newest (id text PRIMARY KEY, n text, version bigint);
 `
 
 // StreamRecord is one record of the determinism stream.
@@ -65,10 +75,12 @@ type StreamRecord struct {
 	// key path); empty for a record both pipelines apply.
 	Bad string
 
-	row    string // the docs row it leaves
-	group  string // its per_group row's key
-	qty    int
-	offset int64
+	row     string // the docs row it leaves
+	group   string // its per_group row's key
+	qty     int
+	version int // its newest version
+	n       string
+	offset  int64
 }
 
 // DeterminismStream returns n records over 40 keys, a key always in one
@@ -114,8 +126,9 @@ func DeterminismStream(n int, partitions int32) []StreamRecord {
 			out = append(out, r)
 			continue
 		}
-		r.Value = fmt.Appendf(nil, `{"body": %s, "price": %s, "qty": %s, "code": %s, "g": %q, "ts": "2026-12-01T09:%02d:30Z"}`,
-			body, price, qty, code, g, minute)
+		r.version, r.n = i*37%101, strconv.Itoa(i)
+		r.Value = fmt.Appendf(nil, `{"body": %s, "price": %s, "qty": %s, "code": %s, "g": %q, "ts": "2026-12-01T09:%02d:30Z", "v": %d}`,
+			body, price, qty, code, g, minute, r.version)
 		r.row = fmt.Sprintf(`%s {"n": %d} %s %d %s`, r.Key, i, price, r.qty, strings.Trim(code, `"`))
 		r.group = fmt.Sprintf("%s 09:%02d", g, minute)
 		out = append(out, r)
@@ -125,10 +138,11 @@ func DeterminismStream(n int, partitions int32) []StreamRecord {
 
 // DeterminismModel returns what the stream must leave, computed without
 // ratchet by applying the records one by one in order: the docs rows, the
-// per_group rows (as DeterminismResult prints them) and the dead letters
-// ("partition@offset", sorted).
-func DeterminismModel(in []StreamRecord) (docs, groups, dead []string) {
+// per_group rows, the newest rows (as DeterminismResult prints them) and
+// the dead letters ("partition@offset", sorted).
+func DeterminismModel(in []StreamRecord) (docs, groups, newest, dead []string) {
 	rows := map[string]string{}
+	latest := map[string]StreamRecord{}
 	type agg struct{ n, qty int }
 	aggs := map[string]*agg{}
 	for _, r := range in {
@@ -139,6 +153,9 @@ func DeterminismModel(in []StreamRecord) (docs, groups, dead []string) {
 			delete(rows, r.Key)
 		default:
 			rows[r.Key] = r.row
+			if l, ok := latest[r.Key]; !ok || l.version <= r.version {
+				latest[r.Key] = r
+			}
 			if aggs[r.group] == nil {
 				aggs[r.group] = &agg{}
 			}
@@ -152,10 +169,14 @@ func DeterminismModel(in []StreamRecord) (docs, groups, dead []string) {
 	for k, a := range aggs {
 		groups = append(groups, fmt.Sprintf("%s %d %d", k, a.n, a.qty))
 	}
+	for k, r := range latest {
+		newest = append(newest, fmt.Sprintf("%s %s %d", k, r.n, r.version))
+	}
 	slices.Sort(docs)
 	slices.Sort(groups)
+	slices.Sort(newest)
 	slices.Sort(dead)
-	return docs, groups, dead
+	return docs, groups, newest, dead
 }
 
 // Querier is what DeterminismResult reads the tables with (a pool or a
@@ -164,9 +185,9 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// DeterminismResult reads the docs and per_group tables as
+// DeterminismResult reads the docs, per_group and newest tables as
 // DeterminismModel prints them.
-func DeterminismResult(tb testing.TB, q Querier) (docs, groups []string) {
+func DeterminismResult(tb testing.TB, q Querier) (docs, groups, newest []string) {
 	tb.Helper()
 	read := func(sql string) []string {
 		rows, err := q.Query(context.Background(), sql)
@@ -180,7 +201,8 @@ func DeterminismResult(tb testing.TB, q Querier) (docs, groups []string) {
 		return out
 	}
 	return read(`SELECT id||' '||body::text||' '||price||' '||qty||' '||code FROM docs ORDER BY id`),
-		read(`SELECT g||' '||to_char(minute AT TIME ZONE 'UTC','HH24:MI')||' '||n||' '||qty FROM per_group ORDER BY g, minute`)
+		read(`SELECT g||' '||to_char(minute AT TIME ZONE 'UTC','HH24:MI')||' '||n||' '||qty FROM per_group ORDER BY g, minute`),
+		read(`SELECT id||' '||n||' '||version FROM newest ORDER BY id`)
 }
 
 // ProduceStream produces recs to topic, each to its partition, in order.

@@ -22,7 +22,7 @@ import (
 func TestKillNinePipelineResultsAreAFunctionOfTheInput(t *testing.T) {
 	const partitions = 3
 	in := testenv.DeterminismStream(1500, partitions)
-	wantDocs, wantGroups, wantDead := testenv.DeterminismModel(in)
+	wantDocs, wantGroups, wantNewest, wantDead := testenv.DeterminismModel(in)
 	addr := testenv.MockKafka(t, partitions, topic, topic+".dlq")
 	dbURL := testenv.Postgres(t)
 	bin := buildBinary(t)
@@ -58,7 +58,10 @@ func TestKillNinePipelineResultsAreAFunctionOfTheInput(t *testing.T) {
 	testenv.Eventually(t, 120*time.Second, func() bool { return applied() >= 1500 }, "every record applied (have %d)", applied())
 	last.term(t)
 
-	docs, groups := testenv.DeterminismResult(t, pool)
+	docs, groups, newest := testenv.DeterminismResult(t, pool)
+	if !slices.Equal(newest, wantNewest) {
+		t.Errorf("newest:\ngot  %s\nwant %s", strings.Join(newest, "\n     "), strings.Join(wantNewest, "\n     "))
+	}
 	if !slices.Equal(docs, wantDocs) {
 		t.Errorf("docs:\ngot  %s\nwant %s", strings.Join(docs, "\n     "), strings.Join(wantDocs, "\n     "))
 	}
