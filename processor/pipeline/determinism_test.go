@@ -492,3 +492,28 @@ func TestVersionConfiguration(t *testing.T) {
 		})
 	}
 }
+
+// TestTombstoneDeletesWhateverTheVersion: with on_tombstone: delete a
+// tombstone deletes the row of any version, and a later record of an
+// older version inserts it again.
+func TestTombstoneDeletesWhateverTheVersion(t *testing.T) {
+	yaml := "kafka:\n  topics: [orders]\npipelines:\n  - name: v\n    topic: orders\n    format: json\n" +
+		"    upsert: {table: v, key: {id: string(record.key)}, columns: {s: value.s}, version: value.seq, on_tombstone: delete}\n"
+	for _, split := range []bool{false, true} {
+		t.Run(fmt.Sprintf("one batch %v", !split), func(t *testing.T) {
+			pool, p := setup(t, yaml, "CREATE TABLE v (id text PRIMARY KEY, s text, version bigint)")
+			recs := []processor.Record{rec(t, 0, "a", `{"s": "five", "seq": 5}`), rec(t, 1, "a", ""),
+				rec(t, 2, "a", `{"s": "three", "seq": 3}`), rec(t, 3, "a", `{"s": "two", "seq": 2}`)}
+			if split {
+				for _, r := range recs {
+					if err := apply(t, pool, p, r); err != nil {
+						t.Fatal(err)
+					}
+				}
+			} else if err := apply(t, pool, p, recs...); err != nil {
+				t.Fatal(err)
+			}
+			assertRows(t, pool, `SELECT id||' '||s||' '||version FROM v`, "a three 3")
+		})
+	}
+}
