@@ -214,12 +214,15 @@ func buildStatements(pl *pipeline, t *table) *statements {
 	}
 	// Groups equal for PostgreSQL but not for ratchet merge here, as they
 	// would merge in the table.
-	groups := make([]string, ng)
+	groups, gsel := make([]string, ng), slices.Clone(sel[:ng])
 	for i := range ng {
 		groups[i] = strconv.Itoa(i + 1)
+		if st.kinds[i] == wireFloat {
+			gsel[i] = dist[i] // a real column groups as real
+		}
 	}
 	st.upsert = fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s, %s FROM unnest(%s) AS u(%s) GROUP BY %s ORDER BY %s ON CONFLICT (%s) DO UPDATE SET %s",
-		ident, strings.Join(cols, ", "), strings.Join(sel[:ng], ", "), strings.Join(aggs, ", "), strings.Join(params, ", "),
+		ident, strings.Join(cols, ", "), strings.Join(gsel, ", "), strings.Join(aggs, ", "), strings.Join(params, ", "),
 		strings.Join(alias, ", "), strings.Join(groups, ", "), strings.Join(groups, ", "), strings.Join(cols[:ng], ", "), strings.Join(set, ", "))
 	return st
 }
