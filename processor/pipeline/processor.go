@@ -117,8 +117,7 @@ func typeOf(t *table, col string) string {
 // for ratchet but are equal for PostgreSQL never reach ON CONFLICT twice
 // (SQLSTATE 21000). Ratchet already collapses keys by the column's
 // equality for the types it knows (keyOf), so this only acts on the
-// others (citext, a nondeterministic collation, timestamp without time
-// zone, ...): there the latest version (the highest version, then the
+// others (citext, interval, inet, a nondeterministic collation, ...): there the latest version (the highest version, then the
 // latest offset) of a key within one rank wins, as it would applied one
 // by one, but PostgreSQL judges only the winner's values.
 func buildStatements(pl *pipeline, t *table) *statements {
