@@ -102,6 +102,12 @@ type Upsert struct {
 	Key         []Column
 	Columns     []Column
 	OnTombstone string // TombstoneIgnore (default) or TombstoneDelete
+	// Version, when set, is a CEL expression yielding a timestamp or a
+	// number: a row is replaced only by a record whose version is not
+	// older than the row's. VersionColumn is the column that stores it
+	// (see docs/pipelines.md for the default).
+	Version       string
+	VersionColumn string
 }
 
 // Rollup is a pipeline sink that aggregates records per group and time
@@ -226,6 +232,10 @@ func loadUpsert(key string, n *yaml.Node) (*Upsert, []Problem) {
 			ps = append(ps, scalarInto(k, v, &u.Table)...)
 		case "on_tombstone":
 			ps = append(ps, scalarInto(k, v, &u.OnTombstone)...)
+		case "version":
+			ps = append(ps, scalarInto(k, v, &u.Version)...)
+		case "version_column":
+			ps = append(ps, scalarInto(k, v, &u.VersionColumn)...)
 		case "key":
 			var cps []Problem
 			u.Key, cps = loadColumns(k, v)
@@ -235,7 +245,7 @@ func loadUpsert(key string, n *yaml.Node) (*Upsert, []Problem) {
 			u.Columns, cps = loadColumns(k, v)
 			ps = append(ps, cps...)
 		default:
-			ps = append(ps, unknownIn(k, name, "table", "key", "columns", "on_tombstone"))
+			ps = append(ps, unknownIn(k, name, "table", "key", "columns", "on_tombstone", "version", "version_column"))
 		}
 	}
 	return u, ps
@@ -476,6 +486,18 @@ func validateUpsert(v *validator, k func(...string) string, u *Upsert) {
 	case "", TombstoneIgnore, TombstoneDelete:
 	default:
 		v.bad(k("upsert", "on_tombstone"), u.OnTombstone, "delete or ignore")
+	}
+	switch {
+	case u.VersionColumn != "" && u.Version == "":
+		v.bad(k("upsert", "version_column"), u.VersionColumn, "nothing without upsert.version (the CEL expression of the version)")
+	case u.VersionColumn != "" && !identifier.MatchString(u.VersionColumn):
+		v.bad(k("upsert", "version_column"), u.VersionColumn, "a column name of letters, digits and _")
+	case u.VersionColumn != "":
+		for _, key := range u.Key {
+			if strings.EqualFold(key.Name, u.VersionColumn) {
+				v.bad(k("upsert", "version_column"), u.VersionColumn, "a column that is not part of upsert.key")
+			}
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -72,6 +73,12 @@ type upsertSink struct {
 	key         []*expr
 	columns     []*expr
 	deleteOnNil bool // on_tombstone: delete
+	// version (upsert.version), when set, is written to versionColumn, the
+	// statement's last column: a row is replaced only by a record whose
+	// version is not older. columns does not hold versionColumn.
+	version       *expr
+	versionColumn string
+	versionKey    string // the key path check names for the column
 }
 
 type rollupSink struct {
@@ -146,10 +153,46 @@ func Compile(cfg config.Config) (*Set, error) {
 		s.byTopic[p.topic] = append(s.byTopic[p.topic], p)
 		s.formats[p.topic] = p.format
 	}
+	c.sharedTables(s.pipelines)
 	if len(c.ps) > 0 {
 		return nil, &config.Error{Problems: c.ps}
 	}
 	return s, nil
+}
+
+// sharedTables refuses two pipelines writing one table when one of them
+// is an upsert: each pipeline writes its rows in its own statements, so
+// the order of the two pipelines' writes would be the order of the
+// pipelines, not of the records, and where a batch was cut would decide
+// which record's row is left (a tombstone of one deleting a later insert
+// of the other). Rollups may share a table: their merges commute (count
+// and sum add, min and max combine). The problem names the later
+// pipeline's table key and the earlier pipeline.
+func (c *compiler) sharedTables(pls []*pipeline) {
+	first := map[string]*pipeline{}
+	for _, p := range pls {
+		name := tableIdentity(sinkTable(p))
+		other, ok := first[name]
+		if !ok {
+			first[name] = p
+			continue
+		}
+		if p.upsert == nil && other.upsert == nil {
+			continue
+		}
+		c.ps = append(c.ps, config.Problem{Key: config.PipelineKey(p.index, p.sinkName(), "table"),
+			Reason: fmt.Sprintf("pipeline %s writes table %s, which pipeline %s (pipelines[%d]) writes too: "+
+				"two pipelines may share a table only when both are rollups (give each upsert a table of its own)",
+				p.name, sinkTable(p), other.name, other.index)})
+	}
+}
+
+// tableIdentity is the table a configured name reaches as PostgreSQL
+// folds it: lower case, and public. dropped (the schema of an unqualified
+// name under the default search_path).
+func tableIdentity(name string) string {
+	name = strings.ToLower(name)
+	return strings.TrimPrefix(name, "public.")
 }
 
 type compiler struct {
@@ -252,6 +295,7 @@ func (c *compiler) upsert(i int, u *config.Upsert) *upsertSink {
 	s := &upsertSink{table: u.Table, deleteOnNil: u.OnTombstone == config.TombstoneDelete}
 	s.key = c.columns(config.PipelineKey(i, "upsert", "key"), u.Key)
 	s.columns = c.columns(config.PipelineKey(i, "upsert", "columns"), u.Columns)
+	c.version(i, u, s)
 	if s.deleteOnNil {
 		for _, k := range u.Key {
 			if c.readsValue(k.Expr) {
@@ -261,6 +305,48 @@ func (c *compiler) upsert(i int, u *config.Upsert) *upsertSink {
 		}
 	}
 	return s
+}
+
+// version compiles upsert.version and picks the column that stores it:
+// upsert.version_column if set, else the column of upsert.columns whose
+// expression is the version's (as written), else "version". A column of
+// upsert.columns that is the version column must have the version's
+// expression: it is written from upsert.version.
+func (c *compiler) version(i int, u *config.Upsert, s *upsertSink) {
+	if u.Version == "" {
+		return
+	}
+	key := config.PipelineKey(i, "upsert", "version")
+	s.version = c.compile(key, u.Version, "")
+	if s.version == nil {
+		return
+	}
+	if !canBe(s.version.out, cel.TimestampType, cel.StringType, cel.IntType, cel.UintType, cel.DoubleType) {
+		c.bad(key, u.Version, "a timestamp, an RFC 3339 string or a number (this one yields "+s.version.out.String()+")")
+	}
+	s.versionColumn, s.versionKey = strings.ToLower(u.VersionColumn), config.PipelineKey(i, "upsert", "version_column")
+	if s.versionColumn == "" {
+		s.versionColumn, s.versionKey = "version", key
+		for _, col := range u.Columns {
+			if strings.TrimSpace(col.Expr) == strings.TrimSpace(u.Version) {
+				s.versionColumn = strings.ToLower(col.Name)
+				s.versionKey = config.PipelineKey(i, "upsert", "columns", col.Name)
+				break
+			}
+		}
+	}
+	for j, col := range s.columns {
+		if col.name != s.versionColumn {
+			continue
+		}
+		if strings.TrimSpace(col.src) != strings.TrimSpace(u.Version) {
+			c.bad(col.key, col.src, "the version's expression ("+u.Version+"): column "+col.name+
+				" stores upsert.version (drop it from columns, or set upsert.version_column to another column)")
+		}
+		s.columns = slices.Delete(s.columns, j, j+1)
+		break
+	}
+	s.version.name = s.versionColumn
 }
 
 func (c *compiler) rollup(i int, r *config.Rollup) *rollupSink {

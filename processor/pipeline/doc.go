@@ -9,6 +9,8 @@
 //   - Compile (compile.go) turns the configuration into a Set: every CEL
 //     expression compiled once, each problem a *config.Error line naming
 //     its key path (pipelines[1].rollup.aggregates.revenue), exit code 2.
+//     It refuses an upsert that shares its table with another pipeline
+//     (the two would apply in pipeline order, not offset order).
 //   - Decoder (decode.go) turns a record value into what the expressions
 //     read as value: a JSON document into maps, lists, strings, int64,
 //     float64 and bools; a ratchet.v1.Event (format event) stays the
@@ -28,10 +30,15 @@
 //     stopped by the batch's context (a retry, ErrInterrupted).
 //   - Processor (processor.go) applies a batch: for each record, in offset
 //     order, every pipeline of its topic evaluates its expressions; upsert
-//     rows collapse per key (the last offset wins, a tombstone may delete),
-//     rollups fold per group and bucket in memory; then each pipeline
-//     writes its rows in one set-based statement, in key order, in the
-//     batch's transaction.
+//     rows are ranked per key (rank n: each key's n-th record of the
+//     batch), rollups fold per group and bucket in memory, keys compared
+//     as their columns compare them (wire.go, keyOf); then each pipeline
+//     writes its rows in set-based statements in the batch's transaction:
+//     an upsert one delete and one upsert per rank, in rank order, so
+//     PostgreSQL judges every version as if applied one by one (and only
+//     a newer version replaces a row when upsert.version is set); a rollup
+//     one merge. Each statement also collapses its rows by PostgreSQL's
+//     own equality, so ON CONFLICT never meets a row twice.
 //
 // The life of one record: the partition decodes it (Decoder); the batch
 // reaches Processor.Process; each pipeline of the topic evaluates it. A

@@ -111,13 +111,23 @@ func typeOf(t *table, col string) string {
 // (text, integers, floats, timestamptz, bool), assigned as they are;
 // otherwise as text cast to the column's type in the statement, which
 // PostgreSQL parses as it parses a literal.
+//
+// The rows of one statement collapse by PostgreSQL's own equality of the
+// key (DISTINCT ON the keys as the column's type, for an upsert; GROUP BY
+// the group columns and bucket, for a rollup), so that keys which differ
+// for ratchet but are equal for PostgreSQL never reach ON CONFLICT twice
+// (SQLSTATE 21000). Ratchet already collapses keys by the column's
+// equality for the types it knows (keyOf), so this only acts on the
+// others (citext, interval, inet, a nondeterministic collation, ...): there the latest version (the highest version, then the
+// latest offset) of a key within one rank wins, as it would applied one
+// by one, but PostgreSQL judges only the winner's values.
 func buildStatements(pl *pipeline, t *table) *statements {
 	st := &statements{}
 	ident := quoteTable(sinkTable(pl))
 	if t != nil {
 		ident = t.ident
 	}
-	var cols, sel, params, alias []string
+	var cols, sel, params, alias, dist []string
 	add := func(name string) {
 		i := len(cols)
 		typ := typeOf(t, name)
@@ -126,10 +136,16 @@ func buildStatements(pl *pipeline, t *table) *statements {
 		cols = append(cols, quoteColumn(name))
 		params = append(params, fmt.Sprintf("$%d::%s", i+1, k.arrayType()))
 		alias = append(alias, fmt.Sprintf("c%d", i))
-		if k == wireText {
+		switch k {
+		case wireText:
 			sel = append(sel, fmt.Sprintf("u.c%d::%s", i, typ))
-		} else {
+			dist = append(dist, fmt.Sprintf("u.c%d::%s", i, equalityType(typ)))
+		case wireFloat:
 			sel = append(sel, fmt.Sprintf("u.c%d", i))
+			dist = append(dist, fmt.Sprintf("u.c%d::%s", i, typ)) // real: as stored
+		default:
+			sel = append(sel, fmt.Sprintf("u.c%d", i))
+			dist = append(dist, fmt.Sprintf("u.c%d", i))
 		}
 	}
 	if u := pl.upsert; u != nil {
@@ -139,18 +155,29 @@ func buildStatements(pl *pipeline, t *table) *statements {
 		for _, c := range u.columns {
 			add(c.name)
 		}
+		if u.version != nil {
+			add(u.versionColumn)
+		}
 		nk := len(u.key)
 		conflict := "DO NOTHING"
-		if len(u.columns) > 0 {
-			set := make([]string, 0, len(u.columns))
+		if len(cols) > nk {
+			set := make([]string, 0, len(cols)-nk)
 			for _, c := range cols[nk:] {
 				set = append(set, c+" = EXCLUDED."+c)
 			}
 			conflict = "DO UPDATE SET " + strings.Join(set, ", ")
 		}
-		st.upsert = fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s FROM unnest(%s) AS u(%s) ON CONFLICT (%s) %s",
-			ident, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(params, ", "),
-			strings.Join(alias, ", "), strings.Join(cols[:nk], ", "), conflict)
+		order := strings.Join(dist[:nk], ", ")
+		if u.version != nil {
+			// Not older replaces: an equal version replaces too, so that
+			// the later offset wins among equal versions.
+			v := cols[len(cols)-1]
+			conflict += fmt.Sprintf(" WHERE r.%s IS NULL OR r.%s <= EXCLUDED.%s", v, v, v)
+			order += ", " + dist[len(dist)-1] + " DESC"
+		}
+		st.upsert = fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s FROM (SELECT DISTINCT ON (%s) * FROM unnest(%s) WITH ORDINALITY AS u(%s, o) ORDER BY %s, o DESC) AS u ON CONFLICT (%s) %s",
+			ident, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(dist[:nk], ", "),
+			strings.Join(params, ", "), strings.Join(alias, ", "), order, strings.Join(cols[:nk], ", "), conflict)
 		if u.deleteOnNil {
 			match := make([]string, nk)
 			for i := range nk {
@@ -168,22 +195,53 @@ func buildStatements(pl *pipeline, t *table) *statements {
 	add(r.bucketColumn)
 	ng := len(cols)
 	set := make([]string, 0, len(r.aggregates))
+	aggs := make([]string, 0, len(r.aggregates))
 	for _, a := range r.aggregates {
+		i := len(cols)
 		add(a.column)
 		c := quoteColumn(a.column)
 		switch a.kind {
 		case aggCount, aggSum:
 			set = append(set, fmt.Sprintf("%s = COALESCE(r.%s, 0) + EXCLUDED.%s", c, c, c))
+			aggs = append(aggs, "sum("+sel[i]+")")
 		case aggMin:
 			set = append(set, fmt.Sprintf("%s = LEAST(r.%s, EXCLUDED.%s)", c, c, c))
+			aggs = append(aggs, "min("+sel[i]+")")
 		case aggMax:
 			set = append(set, fmt.Sprintf("%s = GREATEST(r.%s, EXCLUDED.%s)", c, c, c))
+			aggs = append(aggs, "max("+sel[i]+")")
 		}
 	}
-	st.upsert = fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s FROM unnest(%s) AS u(%s) ON CONFLICT (%s) DO UPDATE SET %s",
-		ident, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(params, ", "),
-		strings.Join(alias, ", "), strings.Join(cols[:ng], ", "), strings.Join(set, ", "))
+	// Groups equal for PostgreSQL but not for ratchet merge here, as they
+	// would merge in the table.
+	groups, gsel := make([]string, ng), slices.Clone(sel[:ng])
+	for i := range ng {
+		groups[i] = strconv.Itoa(i + 1)
+		if st.kinds[i] == wireFloat {
+			gsel[i] = dist[i] // a real column groups as real
+		}
+	}
+	st.upsert = fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s, %s FROM unnest(%s) AS u(%s) GROUP BY %s ORDER BY %s ON CONFLICT (%s) DO UPDATE SET %s",
+		ident, strings.Join(cols, ", "), strings.Join(gsel, ", "), strings.Join(aggs, ", "), strings.Join(params, ", "),
+		strings.Join(alias, ", "), strings.Join(groups, ", "), strings.Join(groups, ", "), strings.Join(cols[:ng], ", "), strings.Join(set, ", "))
 	return st
+}
+
+// equalityType is the type a key column's text is cast to where rows
+// collapse by PostgreSQL's equality: the column's type without a length
+// for the types whose explicit cast truncates where assignment refuses
+// (character(n), bit(n)), so that a value too long for the column never
+// collapses with one that fits and goes unjudged.
+func equalityType(typ string) string {
+	switch {
+	case strings.HasPrefix(typ, "character("):
+		return "bpchar"
+	case strings.HasPrefix(typ, "character varying("):
+		return "text"
+	case strings.HasPrefix(typ, "bit(") || strings.HasPrefix(typ, "bit varying("):
+		return "bit varying"
+	}
+	return typ
 }
 
 func sinkTable(pl *pipeline) string {
@@ -193,11 +251,13 @@ func sinkTable(pl *pipeline) string {
 	return pl.rollup.table
 }
 
-// upsertRow is the last operation on one key in a batch.
+// upsertRow is one operation on one key in a batch: the rank-th of its
+// key, in offset order.
 type upsertRow struct {
-	key    string // the key columns' values, for collapsing and ordering
-	vals   []any  // key columns, then the other columns; keys only for a delete
+	key    string // the key columns' values as the columns compare them, for ranking and ordering
+	vals   []any  // key columns, then the other columns and the version; keys only for a delete
 	delete bool
+	rank   int
 }
 
 // rollupRow is one group and bucket of a batch.
@@ -213,8 +273,8 @@ type rollupRow struct {
 // batchState is what one pipeline collected from a batch.
 type batchState struct {
 	pl                         *pipeline
-	upserts                    map[string]int
-	uRows                      []upsertRow
+	upserts                    map[string]int // operations so far per key
+	uRows                      []upsertRow    // in offset order
 	rollups                    map[string]int
 	rRows                      []rollupRow
 	written, filtered, ignored int
@@ -311,6 +371,13 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 		if err != nil {
 			return err
 		}
+		if u.version != nil {
+			v, err := versionValue(u.version, sql, len(vals), act)
+			if err != nil {
+				return err
+			}
+			vals = append(vals, v)
+		}
 		st.putUpsert(upsertRow{key: key, vals: vals})
 		st.written++
 		return nil
@@ -386,13 +453,44 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 	return nil
 }
 
+// putUpsert adds the next operation of its key. Every operation is kept,
+// not only the last of each key: each is written in turn (see write), so
+// PostgreSQL judges every version, whatever the batch.
 func (st *batchState) putUpsert(r upsertRow) {
-	if i, ok := st.upserts[r.key]; ok {
-		st.uRows[i] = r // the last offset wins
-		return
-	}
-	st.upserts[r.key] = len(st.uRows)
+	st.upserts[r.key]++
+	r.rank = st.upserts[r.key]
 	st.uRows = append(st.uRows, r)
+}
+
+// versionValue evaluates upsert.version for its column (the statement's
+// column i): a time as toTime reads it for a timestamptz column, a finite
+// number for a number column. Anything else,
+// null included, is the record's error.
+func versionValue(e *expr, sql *statements, i int, act interpreter.Activation) (any, error) {
+	v, err := e.eval(act)
+	if err != nil {
+		return nil, err
+	}
+	k, typ := sql.kinds[i], sql.types[i]
+	if k == wireTime {
+		t, err := toTime(v, e.bounds(act))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e.shortKey(), err)
+		}
+		return t, nil
+	}
+	n, err := toNumber(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s is not a version for a %s column (a number)", e.shortKey(), show(v), typ)
+	}
+	if n.isFloat && (math.IsNaN(n.f) || math.IsInf(n.f, 0)) {
+		return nil, fmt.Errorf("%s: %v is not a finite number", e.shortKey(), n.f)
+	}
+	x, err := k.value(v, typ, e.bounds(act))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", e.shortKey(), err)
+	}
+	return x, nil
 }
 
 // evalColumns evaluates cols, the statement's columns from first on, into
@@ -409,13 +507,14 @@ func evalColumns(cols []*expr, sql *statements, first int, act interpreter.Activ
 			return nil, "", fmt.Errorf("%s: %w", c.shortKey(), err)
 		}
 		out = append(out, x)
-		key = keyText(key, x)
+		key = keyOf(key, x, sql.kinds[first+i], sql.types[first+i])
 	}
 	return out, string(key), nil
 }
 
-// write sends one pipeline's rows. Rows are in key order, so transactions
-// of different partitions lock shared rows in the same order and cannot
+// write sends one pipeline's rows. Each statement's rows are in key order
+// (upserts and rollups sort them in the statement), so transactions of
+// different partitions lock shared rows in the same order and cannot
 // deadlock each other.
 func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bool) error {
 	pl, sql := st.pl, p.stmts[st.pl.index]
@@ -432,26 +531,43 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 		return nil
 	}
 	if pl.upsert != nil {
-		slices.SortFunc(st.uRows, func(a, b upsertRow) int { return cmp.Compare(a.key, b.key) })
-		var ups, dels []upsertRow
-		for _, r := range st.uRows {
-			if r.delete {
-				dels = append(dels, r)
-			} else {
-				ups = append(ups, r)
+		// Rank by rank: rank 1 is each key's first operation in the batch,
+		// rank 2 each key's second, and so on; each rank is one delete and
+		// one upsert statement over distinct keys, in rank order. Every
+		// version of a key thus reaches PostgreSQL in offset order, judged
+		// as if the records were applied one by one, so the records it
+		// refuses are the same whatever the batch.
+		// Within a rank the rows stay in offset order: the statement's
+		// ordinal breaks ties between keys equal for PostgreSQL, and it
+		// sorts the rows by key itself (the lock order).
+		slices.SortStableFunc(st.uRows, func(a, b upsertRow) int { return cmp.Compare(a.rank, b.rank) })
+		for rows := st.uRows; len(rows) > 0; {
+			n := 1
+			for n < len(rows) && rows[n].rank == rows[0].rank {
+				n++
 			}
-		}
-		if len(dels) > 0 {
-			if err := exec("delete", sql.delete, len(dels), columnsOf(dels, sql.kinds[:len(pl.upsert.key)])); err != nil {
-				return err
+			var ups, dels []upsertRow
+			for _, r := range rows[:n] {
+				if r.delete {
+					dels = append(dels, r)
+				} else {
+					ups = append(ups, r)
+				}
 			}
-			p.counters.Rows(pl.name, "deleted", len(dels))
-		}
-		if len(ups) > 0 {
-			if err := exec("upsert", sql.upsert, len(ups), columnsOf(ups, sql.kinds)); err != nil {
-				return err
+			rows = rows[n:]
+			slices.SortFunc(dels, func(a, b upsertRow) int { return cmp.Compare(a.key, b.key) })
+			if len(dels) > 0 {
+				if err := exec("delete", sql.delete, len(dels), columnsOf(dels, sql.kinds[:len(pl.upsert.key)])); err != nil {
+					return err
+				}
+				p.counters.Rows(pl.name, "deleted", len(dels))
 			}
-			p.counters.Rows(pl.name, "upserted", len(ups))
+			if len(ups) > 0 {
+				if err := exec("upsert", sql.upsert, len(ups), columnsOf(ups, sql.kinds)); err != nil {
+					return err
+				}
+				p.counters.Rows(pl.name, "upserted", len(ups))
+			}
 		}
 		return nil
 	}

@@ -104,6 +104,9 @@ WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, *oid)
 				bad(c.key, fmt.Sprintf("table %s has no column %s", tname, c.name))
 			case c.bucket && typ != "timestamp with time zone":
 				bad(c.key, fmt.Sprintf("column %s of %s is %s, not timestamptz", c.name, tname, typ))
+			case c.version && !versionType(typ):
+				bad(c.key, fmt.Sprintf("column %s of %s stores upsert.version and is %s, not timestamptz or a number type (bigint, integer, smallint, numeric, double precision, real)",
+					c.name, tname, typ))
 			}
 		}
 		rows, err = q.Query(ctx, `SELECT array_agg(a.attname::text) FROM pg_index i
@@ -149,7 +152,19 @@ type sinkColumn struct {
 	name   string
 	key    string
 	bucket bool
-	typ    string // for CREATE TABLE
+	// version: the column stores upsert.version, compared with <=.
+	version bool
+	typ     string // for CREATE TABLE
+}
+
+// versionType reports whether a column of type typ (format_type's
+// spelling) can store upsert.version: a time with its zone, or a number.
+func versionType(typ string) bool {
+	switch typ {
+	case "timestamp with time zone", "bigint", "integer", "smallint", "double precision", "real", "numeric":
+		return true
+	}
+	return strings.HasPrefix(typ, "numeric(")
 }
 
 func (p *pipeline) sinkName() string {
@@ -171,6 +186,13 @@ func (p *pipeline) sinkShape() (string, []sinkColumn, []string) {
 		}
 		for _, c := range u.columns {
 			cols = append(cols, sinkColumn{name: c.name, key: c.key, typ: sqlType(c.out)})
+		}
+		if v := u.version; v != nil {
+			typ := sqlType(v.out)
+			if typ != "bigint" && typ != "double precision" {
+				typ = "timestamptz" // a timestamp, an RFC 3339 string, or known per record only
+			}
+			cols = append(cols, sinkColumn{name: u.versionColumn, key: u.versionKey, version: true, typ: typ})
 		}
 		slices.Sort(unique)
 		return u.table, cols, unique

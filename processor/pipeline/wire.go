@@ -3,9 +3,11 @@ package pipeline
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/common/types/ref"
@@ -171,6 +173,113 @@ func (k wireKind) numberValue(n number, pgType string) (any, error) {
 		return nil, fmt.Errorf("an aggregate cannot be written to a %s column", pgType)
 	}
 	return n.String(), nil
+}
+
+// keyOf appends a converted value of a column of kind k and type pgType
+// to a key that ranks and orders rows, rendered so that values the column
+// holds as equal render alike (PostgreSQL's equality, not Go's): -0 and 0
+// in a float column, a float8 rounded to real, times to the microsecond
+// pgx sends, numerics by value (1, 1.0 and 1e0; rounded to the column's
+// scale), uuids in any of their spellings, character(n) without trailing
+// spaces, and the spaces varchar(n) drops. Rendering two values alike
+// that PostgreSQL tells apart costs nothing but one more rank; the
+// statements collapse what this misses (see buildStatements).
+func keyOf(b []byte, v any, k wireKind, pgType string) []byte {
+	switch x := v.(type) {
+	case float64:
+		if pgType == "real" {
+			x = float64(float32(x))
+		}
+		if x == 0 {
+			x = 0 // -0
+		}
+		return keyText(b, x)
+	case time.Time:
+		// pgx sends floor(t / 1µs) (pgtype.Timestamptz's encoder).
+		return keyText(b, x.Unix()*1_000_000+int64(x.Nanosecond())/1000)
+	case string:
+		return keyText(b, canonicalText(x, k, pgType))
+	}
+	return keyText(b, v)
+}
+
+// canonicalText is s as a column of type pgType compares it, as far as
+// ratchet knows the type; s otherwise.
+func canonicalText(s string, k wireKind, pgType string) string {
+	switch {
+	case k == wireString:
+		n, ok := typmod(pgType, "character varying(")
+		if !ok || utf8.RuneCountInString(s) <= n {
+			return s
+		}
+		// Assignment drops excess characters that are all spaces.
+		cut := 0
+		for i := range s {
+			if n == 0 {
+				cut = i
+				break
+			}
+			n--
+		}
+		if strings.TrimRight(s[cut:], " ") == "" {
+			return s[:cut]
+		}
+		return s
+	case k != wireText:
+		return s
+	case pgType == "uuid":
+		t := strings.ToLower(strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}"), "-", ""))
+		if len(t) == 32 && strings.Trim(t, "0123456789abcdef") == "" {
+			return t
+		}
+	case pgType == "numeric" || strings.HasPrefix(pgType, "numeric("):
+		t := strings.TrimSpace(s)
+		var r big.Rat
+		if strings.ContainsAny(t, "/xXoObB_") {
+			return s
+		}
+		if _, ok := r.SetString(t); !ok {
+			return strings.ToLower(t) // NaN, Infinity
+		}
+		if mods, ok := strings.CutPrefix(pgType, "numeric("); ok {
+			if _, scale, found := strings.Cut(strings.TrimSuffix(mods, ")"), ","); found {
+				if sc, err := strconv.Atoi(strings.TrimSpace(scale)); err == nil && sc >= 0 && sc < 1000 {
+					roundRat(&r, sc)
+				}
+			}
+		}
+		return r.RatString()
+	case pgType == "bpchar" || pgType == "character" || strings.HasPrefix(pgType, "character("):
+		return strings.TrimRight(s, " ")
+	}
+	return s
+}
+
+// typmod returns n of a type spelled prefix + "n)" or prefix + "n,...)".
+func typmod(pgType, prefix string) (int, bool) {
+	rest, ok := strings.CutPrefix(pgType, prefix)
+	if !ok || !strings.HasSuffix(rest, ")") {
+		return 0, false
+	}
+	rest, _, _ = strings.Cut(strings.TrimSuffix(rest, ")"), ",")
+	n, err := strconv.Atoi(strings.TrimSpace(rest))
+	return n, err == nil
+}
+
+// roundRat rounds r to scale decimals, half away from zero, as numeric
+// does.
+func roundRat(r *big.Rat, scale int) {
+	pow := new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(scale)), nil)
+	x := new(big.Rat).Mul(r, new(big.Rat).SetInt(pow))
+	num, den := x.Num(), x.Denom()
+	q, m := new(big.Int).QuoRem(new(big.Int).Abs(num), den, new(big.Int))
+	if new(big.Int).Mul(m, big.NewInt(2)).Cmp(den) >= 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if num.Sign() < 0 {
+		q.Neg(q)
+	}
+	r.SetFrac(q, pow)
 }
 
 // keyText appends a converted value to a key that collapses and orders
