@@ -64,6 +64,10 @@ type PartitionConfig struct {
 	DeadLetterLog *DeadLetterLog
 	// Tracer makes the spans of the partition's batches; nil: off.
 	Tracer *tracing.Tracer
+	// Guard holds the partition for a fault no record is to blame for (a
+	// table that refuses the statement, a pipeline whose failure guard
+	// tripped; guard.go); shared by the instance's partitions. nil: none.
+	Guard *Guard
 }
 
 // partitionState is what a partition actor keeps across supervised

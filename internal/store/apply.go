@@ -189,7 +189,7 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	ok := (!begin || next(&beginErr)) && (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil || next(&advErr))
 	for i := 0; ok && i < deferred; i++ {
 		if _, err := br.Exec(); err != nil {
-			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, err)
+			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, tx.wrapDeferred(i, err))
 			ok = false
 		}
 	}
