@@ -110,7 +110,7 @@ type retry struct {
 	// of its isolation keep it in their log lines, so every line about
 	// the batch carries the same first_offset.
 	first int64
-	span     tracing.Batch // of the message being handled
+	span  tracing.Batch // of the message being handled
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
