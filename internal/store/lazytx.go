@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -84,6 +85,22 @@ func (t *lazyTx) DeferWrapped(wrap func(error) error, sql string, args ...any) {
 	}
 	t.wraps[t.deferred.Len()] = wrap
 	t.deferred.Queue(sql, args...)
+}
+
+// wrapPrepare returns err as the DeferWrapped of the deferred statement
+// pgx could not prepare asks, when err is that (and err unchanged
+// otherwise).
+func (t *lazyTx) wrapPrepare(err error) error {
+	var pp pgx.ErrPreprocessingBatch
+	if err == nil || len(t.wraps) == 0 || !errors.As(err, &pp) {
+		return err
+	}
+	for i, q := range t.deferred.QueuedQueries {
+		if w := t.wraps[i]; w != nil && q.SQL == pp.SQL() {
+			return w(err)
+		}
+	}
+	return err
 }
 
 // wrapDeferred returns the error of deferred statement i as its
