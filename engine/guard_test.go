@@ -270,4 +270,3 @@ func TestPipelineGuardLeavesPoisonAlone(t *testing.T) {
 		t.Errorf("ratchet_pipeline_guard_tripped = %v, want 0", g)
 	}
 }
-
