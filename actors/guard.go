@@ -235,8 +235,9 @@ func (g *Guard) configWaiting(tp TopicPartition, err error) {
 	}
 }
 
-// configCleared records that tp no longer waits on a configuration error.
-func (g *Guard) configCleared(tp TopicPartition) {
+// configCleared records that tp no longer waits on a configuration
+// error: its batch applied (recovered), or the partition stopped.
+func (g *Guard) configCleared(tp TopicPartition, recovered bool) {
 	if g == nil {
 		return
 	}
@@ -245,8 +246,10 @@ func (g *Guard) configCleared(tp TopicPartition) {
 	if f, ok := g.waiting[tp]; ok {
 		delete(g.waiting, tp)
 		g.m.PipelineConfigWaiting.WithLabelValues(f.Pipeline).Dec()
-		g.log.Info("table accepts the pipeline's statement again", "pipeline", f.Pipeline, "table", f.Table,
-			"topic", tp.Topic, "partition", tp.Partition)
+		if recovered {
+			g.log.Info("table accepts the pipeline's statement again", "pipeline", f.Pipeline, "table", f.Table,
+				"topic", tp.Topic, "partition", tp.Partition)
+		}
 	}
 }
 

@@ -181,12 +181,12 @@ func txOutcome(err error) string {
 
 // apply applies b, retrying per the policy; attempts bounds unclassified
 // failures.
-func (r *retry) apply(b processor.Batch, attempts int) error {
+func (r *retry) apply(b processor.Batch, attempts int) (result error) {
 	var degradedSince time.Time
 	configWaiting := false // this batch waits on a configuration error (the guard knows)
 	defer func() {
 		if configWaiting {
-			r.cfg.Guard.configCleared(r.cfg.TP)
+			r.cfg.Guard.configCleared(r.cfg.TP, result == nil)
 		}
 		if !degradedSince.IsZero() {
 			r.cfg.Metrics.DegradedSeconds.Add(time.Since(degradedSince).Seconds())
