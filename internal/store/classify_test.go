@@ -176,6 +176,30 @@ func TestClassifyLive(t *testing.T) {
 			t.Fatalf("division by zero: %v; want record error", err)
 		}
 	})
+	// What a table that does not fit its statement answers: a
+	// configuration error, every time, never a record's.
+	t.Run("table faults", func(t *testing.T) {
+		if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS cls_t; CREATE TABLE cls_t (a text, n text, d text UNIQUE DEFERRABLE, k text)`); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct{ name, sql, code string }{
+			{"no arbiter", `INSERT INTO cls_t (a) VALUES ('x') ON CONFLICT (a) DO NOTHING`, "42P10"},
+			{"deferrable arbiter", `INSERT INTO cls_t (d) VALUES ('x') ON CONFLICT (d) DO NOTHING`, "55000"},
+			{"count into text", `UPDATE cls_t SET n = COALESCE(n, 0) + 1`, "42804"},
+			{"undefined column", `INSERT INTO cls_t (nope) VALUES ('x')`, "42703"},
+			{"undefined table", `INSERT INTO cls_nope (a) VALUES ('x')`, "42P01"},
+		} {
+			_, err := pool.Exec(ctx, tc.sql)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != tc.code {
+				t.Errorf("%s: %v, want SQLSTATE %s", tc.name, err, tc.code)
+				continue
+			}
+			if !store.IsConfigurationError(err) || store.IsRecordError(err) || store.IsTransient(err) {
+				t.Errorf("%s (%s): want a configuration error only", tc.name, tc.code)
+			}
+		}
+	})
 	t.Run("constraint", func(t *testing.T) {
 		_, err := pool.Exec(ctx, "INSERT INTO ratchet_offsets (consumer_group, topic, partition, next_offset, epoch, owner) VALUES ('g', 't', 0, -1, 1, 'a')")
 		if err == nil || store.IsTransient(err) || !store.IsRecordError(err) {
