@@ -217,7 +217,9 @@ func (p *Partition) Receive(c actor.Context) {
 		p.lookedUp(c, msg)
 	case *Drain:
 		p.state.draining = true
-		if p.inFlight == nil {
+		// A batch held by the pipeline guard runs no transaction and
+		// ends only when the actor stops: the watermark is final.
+		if p.inFlight == nil || p.cfg.Progress.Held.Load() {
 			c.Respond(&Drained{TP: p.cfg.TP, Next: p.state.next})
 			return
 		}

@@ -350,7 +350,11 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 // the configuration fixed applies the rest.
 func (r *retry) hold(b processor.Batch, t *TrippedPipeline) error {
 	r.cfg.Progress.Degraded.Store(true)
-	defer r.cfg.Progress.Degraded.Store(false)
+	r.cfg.Progress.Held.Store(true) // the partition answers Drain at once
+	defer func() {
+		r.cfg.Progress.Held.Store(false)
+		r.cfg.Progress.Degraded.Store(false)
+	}()
 	if t != nil {
 		r.cfg.Logger.Warn("partition held by the pipeline failure guard", batchFields(b.Topic, b.Partition, r.first,
 			"actor", "retry", "offset", b.Start, "pipeline", t.Pipeline, r.span.LogAttr())...)
