@@ -148,7 +148,7 @@ func (g *Guard) Failed(pipeline string, reason error) bool {
 	p.tripped = &TrippedPipeline{Pipeline: p.name, Topic: p.topic, Failures: p.failures, Seen: p.n, Sample: reason.Error()}
 	g.m.PipelineGuardTripped.WithLabelValues(p.name).Set(1)
 	g.log.Error("pipeline failure guard tripped: its topic is held until the configuration is fixed and ratchet restarted",
-		"pipeline", p.name, "topic", p.topic, "failures", p.failures, "of", p.n,
+		"pipeline", p.name, "topic", p.topic, "failures", p.failures, "records", p.n,
 		"max_ratio", l.MaxRatio, "min_failures", l.MinFailures, "sample", p.tripped.Sample,
 		"advice", "fix the pipeline, restart, then `ratchet dlq replay --execute` the records dead-lettered before the trip")
 	return true
