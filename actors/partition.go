@@ -64,6 +64,10 @@ type PartitionConfig struct {
 	DeadLetterLog *DeadLetterLog
 	// Tracer makes the spans of the partition's batches; nil: off.
 	Tracer *tracing.Tracer
+	// Guard holds the partition for a fault no record is to blame for (a
+	// table that refuses the statement, a pipeline whose failure guard
+	// tripped; guard.go); shared by the instance's partitions. nil: none.
+	Guard *Guard
 }
 
 // partitionState is what a partition actor keeps across supervised
@@ -213,7 +217,9 @@ func (p *Partition) Receive(c actor.Context) {
 		p.lookedUp(c, msg)
 	case *Drain:
 		p.state.draining = true
-		if p.inFlight == nil {
+		// A batch held by the pipeline guard runs no transaction and
+		// ends only when the actor stops: the watermark is final.
+		if p.inFlight == nil || p.cfg.Progress.Held.Load() {
 			c.Respond(&Drained{TP: p.cfg.TP, Next: p.state.next})
 			return
 		}

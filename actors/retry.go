@@ -22,9 +22,10 @@ type RetryPolicy struct {
 	MaxBackoff     time.Duration
 	// MaxAttempts is how often a batch that fails with an unclassified error
 	// is tried before its records are isolated. Transient errors (connection
-	// loss, serialization failures, ...) are retried for as long as they
-	// last; record errors (data exceptions, constraint violations,
-	// processor.Permanent) are isolated at once.
+	// loss, serialization failures, ...) and configuration errors (the
+	// table refuses the statement: store.IsConfigurationError) are retried
+	// for as long as they last; record errors (data exceptions, constraint
+	// violations, processor.Permanent) are isolated at once.
 	MaxAttempts int
 }
 
@@ -109,7 +110,7 @@ type retry struct {
 	// of its isolation keep it in their log lines, so every line about
 	// the batch carries the same first_offset.
 	first int64
-	span     tracing.Batch // of the message being handled
+	span  tracing.Batch // of the message being handled
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -180,15 +181,27 @@ func txOutcome(err error) string {
 
 // apply applies b, retrying per the policy; attempts bounds unclassified
 // failures.
-func (r *retry) apply(b processor.Batch, attempts int) error {
+func (r *retry) apply(b processor.Batch, attempts int) (result error) {
 	var degradedSince time.Time
+	configWaiting := false // this batch waits on a configuration error (the guard knows)
 	defer func() {
+		if configWaiting {
+			r.cfg.Guard.configCleared(r.cfg.TP, result == nil)
+		}
 		if !degradedSince.IsZero() {
 			r.cfg.Metrics.DegradedSeconds.Add(time.Since(degradedSince).Seconds())
 			r.cfg.Progress.Degraded.Store(false)
 		}
 	}()
 	for attempt := 0; ; attempt++ {
+		if len(b.Records) > 0 {
+			// A batch with nothing but the offset advance (and the dead
+			// letters written before) still commits: a letter in the
+			// dead-letter topic is always recorded as one.
+			if t := r.cfg.Guard.Held(b.Topic); t != nil {
+				return r.hold(b, t)
+			}
+		}
 		if r.cfg.Claim == nil && len(b.Records) == 0 {
 			r.unrecorded = r.unrecorded[:0]
 			return nil // at-least-once: nothing to write, the commit moves the offset
@@ -259,6 +272,26 @@ func (r *retry) apply(b processor.Batch, attempts int) error {
 			r.span.Retry(attempt+1, "config", err)
 			r.cfg.Logger.Error("batch refused by configuration, retrying", batchFields(b.Topic, b.Partition, r.first,
 				"actor", "retry", "offset", b.Start, "attempt", attempt+1, "err", store.Explain(err), r.span.LogAttr())...)
+		case store.IsConfigurationError(err):
+			// The table's fault (a column missing or of the wrong type,
+			// no unique index the statement can use, no permission):
+			// every record would meet it, so none is isolated or
+			// dead-lettered. Retried like an outage until the table is
+			// fixed; the guard logs it once, readiness names the
+			// pipeline and its table.
+			if degradedSince.IsZero() {
+				degradedSince = time.Now()
+				r.cfg.Progress.Degraded.Store(true)
+			}
+			r.cfg.Guard.configWaiting(r.cfg.TP, err)
+			configWaiting = true
+			r.cfg.Progress.Retries.Add(1)
+			r.cfg.Metrics.Retries.WithLabelValues("config").Inc()
+			r.span.Retry(attempt+1, "config", err)
+			if attempt == 0 {
+				r.cfg.Logger.Warn("batch refused by the table's configuration, waiting", batchFields(b.Topic, b.Partition, r.first,
+					"actor", "retry", "offset", b.Start, "err", err, r.span.LogAttr())...)
+			}
 		case store.IsRecordError(err) || attempt+1 >= attempts:
 			r.cfg.Metrics.Retries.WithLabelValues("record").Inc()
 			return r.isolate(b, err, attempt+1)
@@ -289,6 +322,11 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 		if !store.IsRecordError(cause) && attempts < r.cfg.Retry.MaxAttempts {
 			return r.apply(b, r.cfg.Retry.MaxAttempts)
 		}
+		if pipeline, _ := pipelineOf(cause); pipeline != "" && r.cfg.Guard.Failed(pipeline, cause) {
+			// Too many of the pipeline's records failed: its
+			// configuration is at fault, not this record.
+			return r.hold(b, r.cfg.Guard.Held(b.Topic))
+		}
 		if err := r.deadLetter(Letter{Record: b.Records[0], Reason: cause, Attempts: attempts, batchStart: r.first}); err != nil {
 			return err
 		}
@@ -304,6 +342,25 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 		return err
 	}
 	return r.apply(second, 1)
+}
+
+// hold keeps b, neither applied nor dead-lettered, until the actor stops:
+// t, a pipeline of the batch's topic, tripped its failure guard. Nothing
+// of the partition commits past the last applied record; a restart with
+// the configuration fixed applies the rest.
+func (r *retry) hold(b processor.Batch, t *TrippedPipeline) error {
+	r.cfg.Progress.Degraded.Store(true)
+	r.cfg.Progress.Held.Store(true) // the partition answers Drain at once
+	defer func() {
+		r.cfg.Progress.Held.Store(false)
+		r.cfg.Progress.Degraded.Store(false)
+	}()
+	if t != nil {
+		r.cfg.Logger.Warn("partition held by the pipeline failure guard", batchFields(b.Topic, b.Partition, r.first,
+			"actor", "retry", "offset", b.Start, "pipeline", t.Pipeline, r.span.LogAttr())...)
+	}
+	<-r.ctx.Done()
+	return r.ctx.Err()
 }
 
 // safeApply waits for the batch's dead letters, then applies b in one
@@ -356,6 +413,7 @@ func (r *retry) observe(b processor.Batch, began time.Time) {
 	m := r.cfg.Metrics
 	part := metrics.Partition(b.Partition)
 	m.Records.WithLabelValues(b.Topic, part).Add(float64(len(b.Records)))
+	r.cfg.Guard.Applied(b.Topic, len(b.Records))
 	r.cfg.Progress.Records.Add(int64(len(b.Records)))
 	m.Batches.WithLabelValues(b.Topic, part).Inc()
 	m.BatchSeconds.WithLabelValues(b.Topic).Observe(now.Sub(began).Seconds())

@@ -18,6 +18,9 @@ type Progress struct {
 	DeadLetters atomic.Int64
 	Restarts    atomic.Int64
 	Degraded    atomic.Bool // a transient failure is being retried
+	// Held: the batch in flight is held by the pipeline guard (guard.go)
+	// and runs no transaction; it ends only when the actor stops.
+	Held atomic.Bool
 }
 
 func newProgress(start int64) *Progress {

@@ -88,6 +88,9 @@ type SupervisorConfig struct {
 	// Tracer makes the spans of batches, stops, revokes and claims; nil:
 	// off.
 	Tracer *tracing.Tracer
+	// Guard holds partitions for faults no record is to blame for
+	// (guard.go); nil: none.
+	Guard *Guard
 }
 
 // Supervisor owns the Kafka consumer and its poll loop, and is the parent of

@@ -46,6 +46,10 @@ type Pipeline struct {
 	// CostLimit (cost_limit) bounds the CEL cost of each evaluation of one
 	// of the pipeline's expressions; 0 takes DefaultCostLimit.
 	CostLimit uint64
+	// Errors is when the pipeline's failure guard stops its topic
+	// instead of dead-lettering more of it (pipelines[].errors); zero
+	// fields take the defaults (Limits).
+	Errors PipelineErrors
 }
 
 // TimeWindow is how far before and after a reference time a time may be.
@@ -87,6 +91,41 @@ func (p Pipeline) Cost() uint64 {
 		return DefaultCostLimit
 	}
 	return p.CostLimit
+}
+
+// PipelineErrors is the failure guard of one pipeline: when, among the
+// last Window records of its topic, at least MinFailures failed for the
+// pipeline and more than MaxRatio of them did, its topic's partitions are
+// held (nothing applied, nothing dead-lettered) until the configuration is
+// fixed and ratchet restarted. MaxRatio 1 never trips. Zero fields mean
+// the defaults.
+type PipelineErrors struct {
+	MaxRatio    float64
+	MinFailures int
+	Window      int
+}
+
+// The failure guard's defaults: a pipeline on which every record fails
+// stops after 100 dead letters; a poison rate up to half of the records
+// (over a window of 1000) never stops it.
+const (
+	DefaultPipelineMaxRatio    = 0.5
+	DefaultPipelineMinFailures = 100
+	DefaultPipelineWindow      = 1000
+)
+
+// Limits returns e with the defaults in place of zero fields.
+func (e PipelineErrors) Limits() PipelineErrors {
+	if e.MaxRatio == 0 {
+		e.MaxRatio = DefaultPipelineMaxRatio
+	}
+	if e.MinFailures == 0 {
+		e.MinFailures = DefaultPipelineMinFailures
+	}
+	if e.Window == 0 {
+		e.Window = DefaultPipelineWindow
+	}
+	return e
 }
 
 // Column is a column name and the CEL expression that yields its value.
@@ -201,8 +240,14 @@ func loadPipeline(i int, n *yaml.Node) (Pipeline, []Problem) {
 				continue
 			}
 			p.CostLimit = n
+		case "errors":
+			if isNull(v) {
+				continue
+			}
+			e, eps := loadPipelineErrors(k, v)
+			p.Errors, ps = e, append(ps, eps...)
 		default:
-			ps = append(ps, unknownIn(k, name, "name", "topic", "format", "where", "upsert", "rollup", "epoch_millis_window", "cost_limit"))
+			ps = append(ps, unknownIn(k, name, "name", "topic", "format", "where", "upsert", "rollup", "epoch_millis_window", "cost_limit", "errors"))
 		}
 	}
 	return p, ps
@@ -216,6 +261,52 @@ func unknownIn(k, name string, known ...string) Problem {
 		reason += " (allowed: " + strings.Join(known, ", ") + ")"
 	}
 	return Problem{Key: k, Reason: reason}
+}
+
+func loadPipelineErrors(key string, n *yaml.Node) (PipelineErrors, []Problem) {
+	var e PipelineErrors
+	if n.Kind != yaml.MappingNode {
+		return e, []Problem{{Key: key, Value: nodeText(n), Allowed: "a mapping with max_ratio, min_failures and window"}}
+	}
+	var ps []Problem
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		name, v := n.Content[j].Value, resolve(n.Content[j+1])
+		k := key + "." + name
+		var s string
+		if name == "max_ratio" || name == "min_failures" || name == "window" {
+			if sps := scalarInto(k, v, &s); len(sps) > 0 {
+				ps = append(ps, sps...)
+				continue
+			}
+		}
+		switch name {
+		case "max_ratio":
+			f, err := strconv.ParseFloat(s, 64)
+			if err != nil || !(f > 0 && f <= 1) {
+				ps = append(ps, Problem{Key: k, Value: s, Allowed: "a ratio above 0 and at most 1 (1: never stop)"})
+				continue
+			}
+			e.MaxRatio = f
+		case "min_failures", "window":
+			i, err := strconv.Atoi(s)
+			if err != nil || i < 1 || i > 1_000_000 {
+				ps = append(ps, Problem{Key: k, Value: s, Allowed: "a whole number from 1 to 1000000"})
+				continue
+			}
+			if name == "window" {
+				e.Window = i
+			} else {
+				e.MinFailures = i
+			}
+		default:
+			ps = append(ps, unknownIn(k, name, "max_ratio", "min_failures", "window"))
+		}
+	}
+	if l := e.Limits(); len(ps) == 0 && l.MinFailures > l.Window {
+		ps = append(ps, Problem{Key: key + ".min_failures", Value: strconv.Itoa(l.MinFailures),
+			Allowed: fmt.Sprintf("at most the window (%d): more failures than records never happen", l.Window)})
+	}
+	return e, ps
 }
 
 func loadUpsert(key string, n *yaml.Node) (*Upsert, []Problem) {

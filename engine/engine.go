@@ -376,6 +376,7 @@ func (e *engine) run(ctx context.Context) error {
 	// or, when the start ends early, by this defer: every dead letter
 	// counted is in the log. A letter of a partition that outlives the
 	// stop is logged in full (Close).
+	guard := newGuard(cfg, e.m, e.log)
 	deadLetterLog := actors.NewDeadLetterLog(actors.DeadLetterLogConfig{Mode: cfg.Log.DeadLetters, IncludeValues: cfg.Log.IncludeValues,
 		Interval: cfg.Log.DeadLetterInterval, Logger: e.log, Clock: e.opts.Clock})
 	defer deadLetterLog.Close()
@@ -452,10 +453,11 @@ func (e *engine) run(ctx context.Context) error {
 		ResetWatch:       resetWatch,
 		DeadLetterLog:    deadLetterLog,
 		Tracer:           e.tracer,
+		Guard:            guard,
 	})
 
 	// From here the page and the probes read the running engine.
-	var src web.Source = &source{cfg: cfg, owner: e.opts.Owner, board: sup.Board(), pool: pool}
+	var src web.Source = &source{cfg: cfg, owner: e.opts.Owner, board: sup.Board(), pool: pool, guard: guard}
 	if e.pipelines != nil {
 		src = &pipelineSource{source: src.(*source), m: e.m}
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"ratchet/actors"
 	"ratchet/config"
 	"ratchet/internal/metrics"
 	"ratchet/internal/web"
@@ -61,6 +62,18 @@ func bindPipelines(ctx context.Context, q pipeline.Querier, set *pipeline.Set, m
 		return nil, err
 	}
 	return pipeline.New(set, schema, pipelineCounters{m}), nil
+}
+
+// newGuard returns the instance's pipeline guard (actors.Guard), each
+// configured pipeline's failure guard armed with its pipelines[].errors.
+// Without pipelines it still holds partitions on a configuration error.
+func newGuard(cfg config.Config, m *metrics.Metrics, log *slog.Logger) *actors.Guard {
+	g := actors.NewGuard(m, log)
+	for _, p := range cfg.Pipelines {
+		l := p.Errors.Limits()
+		g.Watch(p.Name, p.Topic, actors.GuardLimits{MaxRatio: l.MaxRatio, MinFailures: l.MinFailures, Window: l.Window})
+	}
+	return g
 }
 
 // pipelineCounters counts into the engine's metrics.

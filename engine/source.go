@@ -22,6 +22,7 @@ type source struct {
 	owner string
 	board *actors.Board
 	pool  *pgxpool.Pool
+	guard *actors.Guard // partitions held for a configuration error or a tripped pipeline
 }
 
 func (s *source) Pipeline(ctx context.Context) (web.Pipeline, error) {
@@ -101,6 +102,9 @@ func (s *source) Readiness() web.Readiness {
 	if n, why := s.board.Unclaimed(); n > 0 {
 		return web.Readiness{State: web.StateDegraded,
 			Reason: fmt.Sprintf("%d assigned partition(s) not claimed yet, retrying: %s", n, why)}
+	}
+	if why := s.guard.Reason(); why != "" {
+		return web.Readiness{State: web.StateDegraded, Reason: why}
 	}
 	parts := s.board.Partitions()
 	if len(parts) == 0 {

@@ -197,6 +197,27 @@ func ExecLast(ctx context.Context, tx pgx.Tx, sql string, args ...any) error {
 	return err
 }
 
+// WrappingDeferrer is a Deferrer that can say whose a deferred statement
+// is: wrap is applied to the statement's error when the COMMIT's round
+// trip reports it, so the error names what the processor knows (a
+// pipeline and its table) although Process has returned.
+type WrappingDeferrer interface {
+	DeferWrapped(wrap func(error) error, sql string, args ...any)
+}
+
+// ExecLastWrapped is ExecLast with wrap applied to the statement's error,
+// whether it is reported at once or with the COMMIT.
+func ExecLastWrapped(ctx context.Context, tx pgx.Tx, wrap func(error) error, sql string, args ...any) error {
+	if d, ok := tx.(WrappingDeferrer); ok {
+		d.DeferWrapped(wrap, sql, args...)
+		return nil
+	}
+	if err := ExecLast(ctx, tx, sql, args...); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
 // ErrTxControl is returned by Commit and Rollback of the transaction
 // ratchet passes to Process, and fails the batch: the transaction, and the
 // offset advance its COMMIT carries, are ratchet's to end.

@@ -65,6 +65,16 @@ type Metrics struct {
 	// count every attempt of a batch that is tried again.
 	PipelineRecords *prometheus.CounterVec // pipeline, result
 	PipelineRows    *prometheus.CounterVec // pipeline, op
+	// PipelineConfigErrors counts the times a pipeline's table began to
+	// refuse its statements (a configuration error: the partitions wait,
+	// nothing is dead-lettered); PipelineConfigWaiting is how many
+	// partitions wait on it now. The label is empty for a processor that
+	// is not a configured pipeline.
+	PipelineConfigErrors  *prometheus.CounterVec // pipeline
+	PipelineConfigWaiting *prometheus.GaugeVec   // pipeline
+	// PipelineGuardTripped is 1 for a pipeline whose failure guard
+	// tripped: its topic is held until a restart.
+	PipelineGuardTripped *prometheus.GaugeVec // pipeline
 }
 
 // New registers the series on reg.
@@ -164,6 +174,19 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "Rows a configured pipeline sent to its table, by operation (upserted, deleted, merged); a batch tried again counts again."},
 		[]string{"pipeline", "op"})
 	reg.MustRegister(m.PipelineRecords, m.PipelineRows)
+	m.PipelineConfigErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratchet_pipeline_config_errors_total",
+		Help: "Times a pipeline's table began to refuse its statements whatever the records (a configuration error: its partitions wait, nothing is dead-lettered)."},
+		[]string{"pipeline"})
+	m.PipelineConfigWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ratchet_pipeline_config_error_partitions",
+		Help: "Partitions waiting on a configuration error of a pipeline's table."},
+		[]string{"pipeline"})
+	m.PipelineGuardTripped = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ratchet_pipeline_guard_tripped",
+		Help: "1 when a pipeline's failure guard tripped (too many of its records failed): its topic is held until a restart."},
+		[]string{"pipeline"})
+	reg.MustRegister(m.PipelineConfigErrors, m.PipelineConfigWaiting, m.PipelineGuardTripped)
 	reg.MustRegister(m.DecodedRecords, m.RegistryLookups, m.RegistryCacheHits, m.RegistryErrors)
 	reg.MustRegister(m.Unclaimed, m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
 		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,

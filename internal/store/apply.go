@@ -187,9 +187,16 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 		return *err == nil
 	}
 	ok := (!begin || next(&beginErr)) && (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil || next(&advErr))
+	// In the describe exec modes pgx prepares every statement of the
+	// batch before the first runs: a deferred statement it cannot prepare
+	// (a column the table lacks) fails the first step, and only its SQL
+	// says which it was.
+	for _, e := range []*error{&beginErr, &setErr, &deadErr, &advErr} {
+		*e = tx.wrapPrepare(*e)
+	}
 	for i := 0; ok && i < deferred; i++ {
 		if _, err := br.Exec(); err != nil {
-			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, err)
+			deferredErr = fmt.Errorf("%s: deferred statement %d: %w", s.p.Name(), i+1, tx.wrapDeferred(i, err))
 			ok = false
 		}
 	}

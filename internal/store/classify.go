@@ -15,8 +15,8 @@ import (
 // tried again later: connection loss or refusal, I/O timeouts, errors pgx
 // knows happened before anything was sent, and the SQLSTATEs of classes 08
 // (connection exception) and 53 (insufficient resources), admin or crash
-// shutdown (57P01, 57P02, 57P03), serialization failure (40001) and deadlock
-// (40P01). An error marked processor.Permanent is never transient, whatever
+// shutdown (57P01, 57P02, 57P03), serialization failure (40001), deadlock
+// (40P01) and lock not available (55P03, a lock_timeout). An error marked processor.Permanent is never transient, whatever
 // it wraps, and neither is context.Canceled: the caller stopped, and pgx
 // would otherwise call a query refused for a done context safe to retry.
 // A timeout (context.DeadlineExceeded, bare or inside pgx) is transient; a caller
@@ -48,7 +48,7 @@ func IsTransient(err error) bool {
 
 func transientSQLState(code string) bool {
 	switch code {
-	case "57P01", "57P02", "57P03", "40001", "40P01":
+	case "57P01", "57P02", "57P03", "40001", "40P01", "55P03":
 		return true
 	}
 	if len(code) != 5 {
@@ -112,10 +112,12 @@ func Explain(err error) error {
 // IsRecordError reports whether err is caused by the data of the batch
 // rather than by the system: SQLSTATE classes 22 (data exception, e.g. a
 // value out of range) and 23 (integrity constraint violation), or an error
-// the processor marked with processor.Permanent. Retrying the same records
+// the processor marked with processor.Permanent, unless it is a
+// configuration error (IsConfigurationError): the table's fault is never
+// a record's, whatever the processor says. Retrying the same records
 // cannot succeed; the caller isolates the offending ones.
 func IsRecordError(err error) bool {
-	if err == nil {
+	if err == nil || IsConfigurationError(err) || IsPreparedStatementError(err) {
 		return false
 	}
 	if processor.IsPermanent(err) {
@@ -127,6 +129,49 @@ func IsRecordError(err error) bool {
 		case "22", "23":
 			return true
 		}
+	}
+	return false
+}
+
+// IsConfigurationError reports whether err is PostgreSQL refusing a
+// statement for what the statement or the table is, not for the values of
+// the records: an error every record of every batch would meet the same
+// way, so neither waiting a moment nor isolating records helps, and no
+// record may be dead-lettered for it. These are SQLSTATE
+//
+//   - class 42, syntax error or access rule violation: raised while the
+//     statement is analysed, before any row is seen (42P01 undefined
+//     table, 42703 undefined column, 42804 datatype mismatch, 42P10 no
+//     unique constraint matching ON CONFLICT, 42501 permission, 42883
+//     undefined function, ...);
+//   - class 55, object not in prerequisite state (55000: a deferrable
+//     constraint as ON CONFLICT arbiter, 55006 object in use), except
+//     55P03 lock not available, which is transient;
+//   - 0A000 feature not supported, 3D000 / 3F000 database or schema
+//     missing, class 28 invalid authorization, class 25 invalid
+//     transaction state (25006: a read-only server), 2BP01 dependent
+//     objects;
+//   - 21000 cardinality violation (one statement touching a row twice):
+//     the statement's fault, never a record's.
+//
+// The caller retries such a batch like an outage, for as long as it
+// lasts, and says loudly what is wrong; fixing the table ends it. A
+// named prepared statement refused (IsPreparedStatementError) is one too.
+func IsConfigurationError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	code := pgErr.Code
+	switch code {
+	case "55P03":
+		return false
+	case "0A000", "3D000", "3F000", "2BP01", "21000":
+		return true
+	}
+	switch code[:2] {
+	case "42", "55", "28", "25":
+		return true
 	}
 	return false
 }

@@ -27,37 +27,51 @@ func TestClassify(t *testing.T) {
 		err       error
 		transient bool
 		record    bool
+		config    bool
 	}{
-		{"nil", nil, false, false},
-		{"plain", errors.New("x"), false, false},
-		{"canceled", context.Canceled, false, false},
-		{"deadline exceeded", context.DeadlineExceeded, true, false},
-		{"eof", io.EOF, true, false},
-		{"unexpected eof wrapped", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true, false},
-		{"net op error", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true, false},
-		{"connection exception 08006", pg("08006"), true, false},
-		{"connection exception 08001 wrapped", fmt.Errorf("apply: %w", pg("08001")), true, false},
-		{"too many connections 53300", pg("53300"), true, false},
-		{"disk full 53100", pg("53100"), true, false},
-		{"admin shutdown 57P01", pg("57P01"), true, false},
-		{"crash shutdown 57P02", pg("57P02"), true, false},
-		{"cannot connect now 57P03", pg("57P03"), true, false},
-		{"query canceled 57014", pg("57014"), false, false},
-		{"serialization failure 40001", pg("40001"), true, false},
-		{"deadlock 40P01", pg("40P01"), true, false},
-		{"transaction rollback 40000", pg("40000"), false, false},
-		{"division by zero 22012", pg("22012"), false, true},
-		{"numeric out of range 22003", pg("22003"), false, true},
-		{"unique violation 23505", pg("23505"), false, true},
-		{"not null 23502 wrapped", fmt.Errorf("x: %w", pg("23502")), false, true},
-		{"undefined table 42P01", pg("42P01"), false, false},
-		{"permanent", processor.Permanent(errors.New("bad event")), false, true},
-		{"permanent wrapping a deadlock", processor.Permanent(pg("40P01")), false, true},
-		{"permanent wrapping eof", fmt.Errorf("x: %w", processor.Permanent(io.EOF)), false, true},
-		{"tx closed", pgx.ErrTxClosed, false, false},
-		{"pooler protocol violation 08P01", pg("08P01"), true, false},
-		{"prepared statement missing 26000", pg("26000"), false, false},
-		{"prepared statement exists 42P05", fmt.Errorf("apply: %w", pg("42P05")), false, false},
+		{"nil", nil, false, false, false},
+		{"plain", errors.New("x"), false, false, false},
+		{"canceled", context.Canceled, false, false, false},
+		{"deadline exceeded", context.DeadlineExceeded, true, false, false},
+		{"eof", io.EOF, true, false, false},
+		{"unexpected eof wrapped", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true, false, false},
+		{"net op error", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true, false, false},
+		{"connection exception 08006", pg("08006"), true, false, false},
+		{"connection exception 08001 wrapped", fmt.Errorf("apply: %w", pg("08001")), true, false, false},
+		{"too many connections 53300", pg("53300"), true, false, false},
+		{"disk full 53100", pg("53100"), true, false, false},
+		{"admin shutdown 57P01", pg("57P01"), true, false, false},
+		{"crash shutdown 57P02", pg("57P02"), true, false, false},
+		{"cannot connect now 57P03", pg("57P03"), true, false, false},
+		{"query canceled 57014", pg("57014"), false, false, false},
+		{"serialization failure 40001", pg("40001"), true, false, false},
+		{"deadlock 40P01", pg("40P01"), true, false, false},
+		{"transaction rollback 40000", pg("40000"), false, false, false},
+		{"division by zero 22012", pg("22012"), false, true, false},
+		{"numeric out of range 22003", pg("22003"), false, true, false},
+		{"unique violation 23505", pg("23505"), false, true, false},
+		{"not null 23502 wrapped", fmt.Errorf("x: %w", pg("23502")), false, true, false},
+		{"undefined table 42P01", pg("42P01"), false, false, true},
+		{"permanent", processor.Permanent(errors.New("bad event")), false, true, false},
+		{"permanent wrapping a deadlock", processor.Permanent(pg("40P01")), false, true, false},
+		{"permanent wrapping eof", fmt.Errorf("x: %w", processor.Permanent(io.EOF)), false, true, false},
+		{"tx closed", pgx.ErrTxClosed, false, false, false},
+		{"pooler protocol violation 08P01", pg("08P01"), true, false, false},
+		{"prepared statement missing 26000", pg("26000"), false, false, true},
+		{"prepared statement exists 42P05", fmt.Errorf("apply: %w", pg("42P05")), false, false, true},
+		{"no arbiter 42P10", pg("42P10"), false, false, true},
+		{"deferrable arbiter 55000", pg("55000"), false, false, true},
+		{"lock not available 55P03", pg("55P03"), true, false, false},
+		{"datatype mismatch 42804", pg("42804"), false, false, true},
+		{"undefined column 42703", pg("42703"), false, false, true},
+		{"permission 42501", pg("42501"), false, false, true},
+		{"undefined function 42883", pg("42883"), false, false, true},
+		{"feature not supported 0A000", pg("0A000"), false, false, true},
+		{"schema missing 3F000", pg("3F000"), false, false, true},
+		{"read-only transaction 25006", pg("25006"), false, false, true},
+		{"cardinality 21000", pg("21000"), false, false, true},
+		{"permanent wrapping an undefined column", processor.Permanent(pg("42703")), false, false, true},
+		{"raise exception P0001", pg("P0001"), false, false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,6 +80,9 @@ func TestClassify(t *testing.T) {
 			}
 			if got := store.IsRecordError(tt.err); got != tt.record {
 				t.Errorf("IsRecordError(%v) = %v, want %v", tt.err, got, tt.record)
+			}
+			if got := store.IsConfigurationError(tt.err) || store.IsPreparedStatementError(tt.err); got != tt.config {
+				t.Errorf("configuration error(%v) = %v, want %v", tt.err, got, tt.config)
 			}
 		})
 	}
@@ -157,6 +174,30 @@ func TestClassifyLive(t *testing.T) {
 		_, err := pool.Exec(ctx, "SELECT 1 / (random() * 0)::int")
 		if err == nil || store.IsTransient(err) || !store.IsRecordError(err) {
 			t.Fatalf("division by zero: %v; want record error", err)
+		}
+	})
+	// What a table that does not fit its statement answers: a
+	// configuration error, every time, never a record's.
+	t.Run("table faults", func(t *testing.T) {
+		if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS cls_t; CREATE TABLE cls_t (a text, n text, d text UNIQUE DEFERRABLE, k text)`); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct{ name, sql, code string }{
+			{"no arbiter", `INSERT INTO cls_t (a) VALUES ('x') ON CONFLICT (a) DO NOTHING`, "42P10"},
+			{"deferrable arbiter", `INSERT INTO cls_t (d) VALUES ('x') ON CONFLICT (d) DO NOTHING`, "55000"},
+			{"count into text", `UPDATE cls_t SET n = COALESCE(n, 0) + 1`, "42804"},
+			{"undefined column", `INSERT INTO cls_t (nope) VALUES ('x')`, "42703"},
+			{"undefined table", `INSERT INTO cls_nope (a) VALUES ('x')`, "42P01"},
+		} {
+			_, err := pool.Exec(ctx, tc.sql)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != tc.code {
+				t.Errorf("%s: %v, want SQLSTATE %s", tc.name, err, tc.code)
+				continue
+			}
+			if !store.IsConfigurationError(err) || store.IsRecordError(err) || store.IsTransient(err) {
+				t.Errorf("%s (%s): want a configuration error only", tc.name, tc.code)
+			}
 		}
 	})
 	t.Run("constraint", func(t *testing.T) {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -36,6 +37,7 @@ type lazyTx struct {
 	err      error         // the connection's or the BEGIN's error
 	ended    error         // the processor tried to commit or roll back
 	deferred pgx.Batch
+	wraps    map[int]func(error) error // by index in deferred: DeferWrapped's
 }
 
 // begun reports whether the transaction was begun on the server.
@@ -75,6 +77,40 @@ func (t *lazyTx) release() {
 
 // Defer implements processor.Deferrer.
 func (t *lazyTx) Defer(sql string, args ...any) { t.deferred.Queue(sql, args...) }
+
+// DeferWrapped implements processor.WrappingDeferrer.
+func (t *lazyTx) DeferWrapped(wrap func(error) error, sql string, args ...any) {
+	if t.wraps == nil {
+		t.wraps = map[int]func(error) error{}
+	}
+	t.wraps[t.deferred.Len()] = wrap
+	t.deferred.Queue(sql, args...)
+}
+
+// wrapPrepare returns err as the DeferWrapped of the deferred statement
+// pgx could not prepare asks, when err is that (and err unchanged
+// otherwise).
+func (t *lazyTx) wrapPrepare(err error) error {
+	var pp pgx.ErrPreprocessingBatch
+	if err == nil || len(t.wraps) == 0 || !errors.As(err, &pp) {
+		return err
+	}
+	for i, q := range t.deferred.QueuedQueries {
+		if w := t.wraps[i]; w != nil && q.SQL == pp.SQL() {
+			return w(err)
+		}
+	}
+	return err
+}
+
+// wrapDeferred returns the error of deferred statement i as its
+// DeferWrapped asked.
+func (t *lazyTx) wrapDeferred(i int, err error) error {
+	if w := t.wraps[i]; w != nil {
+		return w(err)
+	}
+	return err
+}
 
 func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := t.begin(ctx)

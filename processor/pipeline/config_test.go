@@ -56,6 +56,14 @@ func TestConfigurationErrors(t *testing.T) {
 			`pipelines[0].rollup.aggregates.n: "sum(value.a) + sum(value.b)" is not allowed`},
 		{"sum of a string", head + "  - name: a\n    topic: orders\n    format: json\n" + strings.Replace(rollup, "n: count", "n: sum(string(value.a))", 1),
 			`pipelines[0].rollup.aggregates.n: "sum(string(value.a))" is not allowed (allowed: sum of a number`},
+		{"errors ratio above 1", head + "  - name: a\n    topic: orders\n    format: json\n    errors: {max_ratio: 1.5}\n" + upsert,
+			`pipelines[0].errors.max_ratio: "1.5" is not allowed (allowed: a ratio above 0 and at most 1 (1: never stop))`},
+		{"errors window not a number", head + "  - name: a\n    topic: orders\n    format: json\n    errors: {window: lots}\n" + upsert,
+			`pipelines[0].errors.window: "lots" is not allowed`},
+		{"errors min_failures above the window", head + "  - name: a\n    topic: orders\n    format: json\n    errors: {min_failures: 50, window: 10}\n" + upsert,
+			`pipelines[0].errors.min_failures: "50" is not allowed (allowed: at most the window (10)`},
+		{"errors unknown key", head + "  - name: a\n    topic: orders\n    format: json\n    errors: {tolerance: all}\n" + upsert,
+			`pipelines[0].errors.tolerance: unknown key`},
 		{"where not a bool", head + "  - name: a\n    topic: orders\n    format: json\n    where: '1 + 2'\n" + upsert,
 			`pipelines[0].where: "1 + 2" is not allowed (allowed: a CEL expression that yields a bool`},
 		{"time not a time", head + "  - name: a\n    topic: orders\n    format: json\n" + strings.Replace(rollup, "time: value.ts", "time: 'true'", 1),
@@ -116,5 +124,22 @@ func TestValidConfigurationsCompile(t *testing.T) {
 	}
 	if got := strings.Join(set.Names(), ","); got != "orders,revenue_per_minute" {
 		t.Fatalf("names = %s", got)
+	}
+}
+
+// pipelines[].errors is read into the pipeline's failure guard limits;
+// fields left out take the defaults.
+func TestPipelineErrorsLoad(t *testing.T) {
+	const yaml = "kafka:\n  topics: [orders]\npipelines:\n  - name: a\n    topic: orders\n    format: json\n" +
+		"    errors: {max_ratio: 1, window: 200}\n" +
+		"    upsert: {table: orders, key: {id: string(record.key)}}\n"
+	cfg, err := loadConfig(t, yaml)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cfg.Pipelines[0].Errors.Limits()
+	want := config.PipelineErrors{MaxRatio: 1, MinFailures: config.DefaultPipelineMinFailures, Window: 200}
+	if got != want {
+		t.Fatalf("limits = %+v, want %+v", got, want)
 	}
 }

@@ -364,3 +364,127 @@ CREATE TABLE revenue_per_minute (country text, minute timestamp, orders bigint, 
 		t.Errorf("%d problems, want 3:\n%s", n, err)
 	}
 }
+
+// Check accepts exactly the tables the statements can use: a unique
+// index matched on its key columns (INCLUDE columns aside), not
+// deferrable (ON CONFLICT refuses it with 55000 at run time), valid; and
+// columns of a type that can take the expression's static type, where it
+// is known (a type only records can tell is judged per record).
+func TestCheckIndexesAndTypes(t *testing.T) {
+	const upsert = `
+kafka:
+  topics: [orders]
+pipelines:
+  - name: items
+    topic: orders
+    format: json
+    upsert:
+      table: items
+      key:     { a: string(record.key) }
+      columns: { b: value.b, at: record.timestamp, n: int(value.n), ok: value.flag == 1 }
+`
+	const rollup = `
+kafka:
+  topics: [orders]
+pipelines:
+  - name: totals
+    topic: orders
+    format: json
+    rollup:
+      table: totals
+      time: value.ts
+      bucket: 1m
+      bucket_column: minute
+      group_by: { g: string(value.g) }
+      aggregates: { n: count, s: sum(double(value.x)), hi: max(value.x) }
+`
+	cases := []struct {
+		name, yaml, tables, want string // want "": accepted
+	}{
+		{"primary key with INCLUDE", upsert, `CREATE TABLE items (a text, b text, at timestamptz, n bigint, ok boolean, PRIMARY KEY (a) INCLUDE (b))`, ""},
+		{"unique index whose INCLUDE column is no key", upsert,
+			`CREATE TABLE items (a text, b text, at timestamptz, n bigint, ok boolean); CREATE UNIQUE INDEX ON items (b) INCLUDE (a)`,
+			"no unique constraint or primary key of items covers exactly the upsert key (a)"},
+		{"deferrable primary key", upsert,
+			`CREATE TABLE items (a text PRIMARY KEY DEFERRABLE, b text, at timestamptz, n bigint, ok boolean)`,
+			"pipelines[0].upsert.key: pipeline items: the unique index of items on (a) is DEFERRABLE"},
+		{"deferrable beside a usable one", upsert,
+			`CREATE TABLE items (a text UNIQUE DEFERRABLE INITIALLY DEFERRED, b text, at timestamptz, n bigint, ok boolean); CREATE UNIQUE INDEX ON items (a)`, ""},
+		{"timestamp into a number", upsert, `CREATE TABLE items (a text PRIMARY KEY, b text, at bigint, n bigint, ok boolean)`,
+			"pipelines[0].upsert.columns.at: pipeline items: column at of items is bigint: the expression yields a timestamp"},
+		{"timestamp into text and json into anything", upsert, `CREATE TABLE items (a text PRIMARY KEY, b uuid, at text, n numeric, ok text)`, ""},
+		{"int into a bool", upsert, `CREATE TABLE items (a text PRIMARY KEY, b text, at timestamptz, n boolean, ok boolean)`,
+			"column n of items is boolean: the expression yields a number"},
+		{"bool into a number", upsert, `CREATE TABLE items (a text PRIMARY KEY, b text, at timestamptz, n bigint, ok integer)`,
+			"column ok of items is integer: the expression yields a bool"},
+		{"rollup as it should be", rollup, `CREATE TABLE totals (g text, minute timestamptz, n integer, s numeric, hi bigint, PRIMARY KEY (g, minute))`, ""},
+		{"count into text", rollup, `CREATE TABLE totals (g text, minute timestamptz, n text, s float8, hi float8, PRIMARY KEY (g, minute))`,
+			"pipelines[0].rollup.aggregates.n: pipeline totals: column n of totals is text: count needs a number column"},
+		{"sum of a double into bigint", rollup, `CREATE TABLE totals (g text, minute timestamptz, n bigint, s bigint, hi float8, PRIMARY KEY (g, minute))`,
+			"column s of totals is bigint: sum of a double needs a column that keeps fractions"},
+		{"max into text", rollup, `CREATE TABLE totals (g text, minute timestamptz, n bigint, s float8, hi text, PRIMARY KEY (g, minute))`,
+			"column hi of totals is text: max needs a number column"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := loadConfig(t, tc.yaml)
+			if err != nil {
+				t.Fatal(err)
+			}
+			set, err := pipeline.Compile(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			pool, err := pgxpool.New(ctx, testenv.Postgres(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			if _, err := pool.Exec(ctx, tc.tables); err != nil {
+				t.Fatal(err)
+			}
+			_, err = pipeline.Check(ctx, pool, set)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !config.IsConfigError(err) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("err = %v, want a configuration error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// The CREATE TABLE Check suggests types record's fields as what they
+// are: record.timestamp a timestamptz, not text.
+func TestCheckSuggestsRecordFieldTypes(t *testing.T) {
+	cfg, err := loadConfig(t, ordersYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := pipeline.Compile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	_, err = pipeline.Check(ctx, pool, set)
+	var se *pipeline.SchemaError
+	if !errors.As(err, &se) || len(se.CreateTables) != 2 {
+		t.Fatalf("err = %v, want a *SchemaError with two CREATE TABLE", err)
+	}
+	if !strings.Contains(se.CreateTables[0], "updated_at timestamptz,") {
+		t.Errorf("CREATE TABLE types record.timestamp otherwise:\n%s", se.CreateTables[0])
+	}
+	// What it suggests passes Check.
+	if _, err := pool.Exec(ctx, strings.Join(se.CreateTables, "\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pipeline.Check(ctx, pool, set); err != nil {
+		t.Fatalf("check of the suggested tables: %v", err)
+	}
+}

@@ -49,6 +49,7 @@ func (NopCounters) Rows(string, string, int) {}
 // isolated record names the pipeline.
 type RecordError struct {
 	Pipeline string
+	Table    string // the pipeline's table, as configured
 	Err      error
 }
 
@@ -59,6 +60,10 @@ func (e *RecordError) Unwrap() error { return e.Err }
 
 // PipelineName returns Pipeline; the dead-letter path counts by it.
 func (e *RecordError) PipelineName() string { return e.Pipeline }
+
+// TableName returns Table; a configuration error (the table refused the
+// statement whatever the records) names it.
+func (e *RecordError) TableName() string { return e.Table }
 
 // Processor applies the pipelines of a Set to batches. It is safe for
 // concurrent use by several partitions.
@@ -306,7 +311,7 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 				if errors.Is(err, ErrInterrupted) {
 					return fmt.Errorf("pipeline %s: %w", st.pl.name, err) // a stop, not the record's fault: the batch is retried
 				}
-				return processor.Permanent(&RecordError{Pipeline: st.pl.name,
+				return processor.Permanent(&RecordError{Pipeline: st.pl.name, Table: sinkTable(st.pl),
 					Err: fmt.Errorf("record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)})
 			}
 		}
@@ -519,16 +524,18 @@ func evalColumns(cols []*expr, sql *statements, first int, act interpreter.Activ
 func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bool) error {
 	pl, sql := st.pl, p.stmts[st.pl.index]
 	exec := func(what, stmt string, n int, args []any) error {
-		var err error
+		// The error names the pipeline and its table also when the
+		// COMMIT's round trip reports it.
+		wrap := func(err error) error {
+			return &RecordError{Pipeline: pl.name, Table: sinkTable(pl), Err: fmt.Errorf("%s %d rows of %s: %w", what, n, sinkTable(pl), err)}
+		}
 		if now {
-			_, err = tx.Exec(ctx, stmt, args...)
-		} else {
-			err = processor.ExecLast(ctx, tx, stmt, args...)
+			if _, err := tx.Exec(ctx, stmt, args...); err != nil {
+				return wrap(err)
+			}
+			return nil
 		}
-		if err != nil {
-			return &RecordError{Pipeline: pl.name, Err: fmt.Errorf("%s %d rows of %s: %w", what, n, sinkTable(pl), err)}
-		}
-		return nil
+		return processor.ExecLastWrapped(ctx, tx, wrap, stmt, args...)
 	}
 	if pl.upsert != nil {
 		// Rank by rank: rank 1 is each key's first operation in the batch,
@@ -592,7 +599,7 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 			}
 			v, err := k.numberValue(num, typ)
 			if err != nil {
-				return processor.Permanent(&RecordError{Pipeline: pl.name, Err: fmt.Errorf("%s: %w", shortKey(a.key), err)})
+				return processor.Permanent(&RecordError{Pipeline: pl.name, Table: sinkTable(pl), Err: fmt.Errorf("%s: %w", shortKey(a.key), err)})
 			}
 			vals[j] = v
 		}

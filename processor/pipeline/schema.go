@@ -54,9 +54,13 @@ func quoteTable(name string) string {
 func quoteColumn(name string) string { return pgx.Identifier{strings.ToLower(name)}.Sanitize() }
 
 // Check compares every pipeline of s with the database q reaches: the
-// table exists with every column the pipeline writes, and a unique
-// constraint or primary key covers exactly the upsert key, or the
-// rollup's group columns and bucket column (what ON CONFLICT needs). It
+// table exists with every column the pipeline writes, each of a type
+// that can take what its expression yields (refused only where no record
+// could fit: see sinkColumn.refuses), and a unique constraint or primary
+// key that ON CONFLICT can use covers exactly the upsert key, or the
+// rollup's group columns and bucket column: its key columns (INCLUDE
+// columns aside), not deferrable, valid, on plain columns, without a
+// predicate. It
 // returns what the writes need to know, or a *SchemaError with every
 // problem, or the database's error.
 func Check(ctx context.Context, q Querier, s *Set) (*Schema, error) {
@@ -107,28 +111,60 @@ WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, *oid)
 			case c.version && !versionType(typ):
 				bad(c.key, fmt.Sprintf("column %s of %s stores upsert.version and is %s, not timestamptz or a number type (bigint, integer, smallint, numeric, double precision, real)",
 					c.name, tname, typ))
+			default:
+				if why := c.refuses(typ); why != "" {
+					bad(c.key, fmt.Sprintf("column %s of %s is %s: %s", c.name, tname, typ, why))
+				}
 			}
 		}
-		rows, err = q.Query(ctx, `SELECT array_agg(a.attname::text) FROM pg_index i
-JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
-GROUP BY i.indexrelid`, *oid)
+		// Only an index ON CONFLICT can use counts: unique, on plain
+		// columns (no expression, no predicate), valid and ready (not a
+		// failed CREATE INDEX CONCURRENTLY), not deferrable (55000), and
+		// matched on its key columns alone: INCLUDE columns are not part
+		// of the key (indnkeyatts).
+		rows, err = q.Query(ctx, `SELECT array_agg(a.attname::text), i.indimmediate, i.indisvalid AND i.indisready
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL AND k.n <= i.indnkeyatts
+GROUP BY i.indexrelid, i.indimmediate, i.indisvalid, i.indisready`, *oid)
 		if err != nil {
 			return nil, fmt.Errorf("pipeline %s: read the unique constraints of %s: %w", p.name, tname, err)
 		}
 		covered := false
+		var unusable []string // why an index on exactly the columns cannot serve
 		for rows.Next() {
 			var idx []string
-			if err := rows.Scan(&idx); err != nil {
+			var immediate, valid bool
+			if err := rows.Scan(&idx, &immediate, &valid); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("pipeline %s: read the unique constraints of %s: %w", p.name, tname, err)
 			}
 			slices.Sort(idx)
-			covered = covered || slices.Equal(idx, unique)
+			if !slices.Equal(idx, unique) {
+				continue
+			}
+			switch {
+			case !immediate:
+				unusable = append(unusable, "is DEFERRABLE, which ON CONFLICT cannot use (make it NOT DEFERRABLE)")
+			case !valid:
+				unusable = append(unusable, "is not valid (a CREATE INDEX CONCURRENTLY that failed: REINDEX it)")
+			default:
+				covered = true
+			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return nil, fmt.Errorf("pipeline %s: read the unique constraints of %s: %w", p.name, tname, err)
+		}
+		if !covered && len(unusable) > 0 {
+			key := config.PipelineKey(p.index, "upsert", "key")
+			if p.rollup != nil {
+				key = config.PipelineKey(p.index, "rollup", "group_by")
+			}
+			bad(key, fmt.Sprintf("the unique index of %s on (%s) %s", tname, strings.Join(unique, ", "), unusable[0]))
+			sc.tables[p.index] = t
+			continue
 		}
 		if !covered {
 			what := "upsert key"
@@ -154,7 +190,9 @@ type sinkColumn struct {
 	bucket bool
 	// version: the column stores upsert.version, compared with <=.
 	version bool
-	typ     string // for CREATE TABLE
+	typ     string    // for CREATE TABLE
+	out     *cel.Type // the expression's static type; nil for the bucket
+	agg     string    // the aggregate that writes it, if any
 }
 
 // versionType reports whether a column of type typ (format_type's
@@ -165,6 +203,101 @@ func versionType(typ string) bool {
 		return true
 	}
 	return strings.HasPrefix(typ, "numeric(")
+}
+
+// columnFamily sorts a column type (format_type) into what matters to
+// the values ratchet sends it.
+func columnFamily(typ string) string {
+	base, _, _ := strings.Cut(typ, "(")
+	switch strings.TrimSpace(strings.TrimSuffix(base, "[]")) {
+	case "smallint", "integer", "bigint":
+		return "int"
+	case "real", "double precision":
+		return "float"
+	case "numeric":
+		return "numeric"
+	case "text", "character varying", "character", "name", "citext":
+		return "text"
+	case "boolean":
+		return "bool"
+	case "timestamp with time zone", "timestamp without time zone", "date":
+		return "time"
+	case "bytea":
+		return "bytes"
+	case "json", "jsonb":
+		return "json"
+	}
+	if strings.HasSuffix(typ, "[]") {
+		return "array"
+	}
+	return "other"
+}
+
+// refuses says why the column of type typ can never take what c's
+// expression yields, or "" when it can (or only some records can tell:
+// a string, or a value whose type is known per record only, is judged
+// per record). An aggregate needs a number column: count and sum add to
+// the stored value (COALESCE(r.c, 0) + ...), and a text column would
+// order min and max as text; sum, min and max of a double need a column
+// that keeps fractions.
+func (c sinkColumn) refuses(typ string) string {
+	fam := columnFamily(typ)
+	numeric := fam == "int" || fam == "float" || fam == "numeric"
+	if c.agg != "" {
+		switch {
+		case !numeric:
+			return c.agg + " needs a number column (bigint, numeric or double precision)"
+		case c.agg != aggCount && fam == "int" && c.out != nil && c.out.IsExactType(cel.DoubleType):
+			return c.agg + " of a double needs a column that keeps fractions (double precision or numeric)"
+		}
+		return ""
+	}
+	if c.out == nil || fam == "other" || fam == "text" || fam == "array" {
+		return ""
+	}
+	switch {
+	case c.out.IsExactType(cel.IntType), c.out.IsExactType(cel.UintType), c.out.IsExactType(cel.DoubleType):
+		if fam == "bool" || fam == "time" || fam == "bytes" {
+			return "the expression yields a number (" + c.out.String() + ")"
+		}
+	case c.out.IsExactType(cel.BoolType):
+		if fam != "bool" && fam != "json" {
+			return "the expression yields a bool"
+		}
+	case c.out.IsExactType(cel.TimestampType):
+		if fam != "time" {
+			return "the expression yields a timestamp (use timestamptz)"
+		}
+	case c.out.IsExactType(cel.BytesType):
+		if fam != "bytes" {
+			return "the expression yields bytes (use bytea)"
+		}
+	case c.out.Kind() == cel.MapKind, c.out.Kind() == cel.ListKind:
+		if fam != "json" {
+			return "the expression yields a " + strings.ToLower(c.out.String()) + " (use jsonb)"
+		}
+	}
+	return ""
+}
+
+// recordFields are the static types of record's fields: record is
+// declared map(string, dyn), so CEL alone calls record.timestamp dyn.
+var recordFields = map[string]*cel.Type{
+	"key": cel.BytesType, "headers": cel.MapType(cel.StringType, cel.BytesType), "timestamp": cel.TimestampType,
+	"topic": cel.StringType, "partition": cel.IntType, "offset": cel.IntType,
+}
+
+// staticType is e's static type, with the fields of record known.
+func staticType(e *expr) *cel.Type {
+	if e == nil {
+		return nil
+	}
+	if f, ok := strings.CutPrefix(strings.TrimSpace(e.src), "record."); ok {
+		if t, ok := recordFields[f]; ok {
+			return t
+		}
+	}
+	return e.out
 }
 
 func (p *pipeline) sinkName() string {
@@ -181,11 +314,11 @@ func (p *pipeline) sinkShape() (string, []sinkColumn, []string) {
 	var unique []string
 	if u := p.upsert; u != nil {
 		for _, k := range u.key {
-			cols = append(cols, sinkColumn{name: k.name, key: k.key, typ: sqlType(k.out)})
+			cols = append(cols, sinkColumn{name: k.name, key: k.key, typ: sqlType(staticType(k)), out: staticType(k)})
 			unique = append(unique, k.name)
 		}
 		for _, c := range u.columns {
-			cols = append(cols, sinkColumn{name: c.name, key: c.key, typ: sqlType(c.out)})
+			cols = append(cols, sinkColumn{name: c.name, key: c.key, typ: sqlType(staticType(c)), out: staticType(c)})
 		}
 		if v := u.version; v != nil {
 			typ := sqlType(v.out)
@@ -199,7 +332,7 @@ func (p *pipeline) sinkShape() (string, []sinkColumn, []string) {
 	}
 	r := p.rollup
 	for _, g := range r.groupBy {
-		cols = append(cols, sinkColumn{name: g.name, key: g.key, typ: sqlType(g.out)})
+		cols = append(cols, sinkColumn{name: g.name, key: g.key, typ: sqlType(staticType(g)), out: staticType(g)})
 		unique = append(unique, g.name)
 	}
 	cols = append(cols, sinkColumn{name: r.bucketColumn, key: config.PipelineKey(p.index, "rollup", "bucket_column"),
@@ -207,10 +340,10 @@ func (p *pipeline) sinkShape() (string, []sinkColumn, []string) {
 	unique = append(unique, r.bucketColumn)
 	for _, a := range r.aggregates {
 		typ := "bigint"
-		if a.kind != aggCount && !a.arg.out.IsExactType(cel.IntType) && !a.arg.out.IsExactType(cel.UintType) {
+		if a.kind != aggCount && !staticType(a.arg).IsExactType(cel.IntType) && !staticType(a.arg).IsExactType(cel.UintType) {
 			typ = "double precision"
 		}
-		cols = append(cols, sinkColumn{name: a.column, key: a.key, typ: typ})
+		cols = append(cols, sinkColumn{name: a.column, key: a.key, typ: typ, out: staticType(a.arg), agg: a.kind})
 	}
 	slices.Sort(unique)
 	return r.table, cols, unique
