@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -434,22 +436,25 @@ func (e *engine) run(ctx context.Context) error {
 			MaxBackoff:     cfg.Retry.MaxBackoff,
 			MaxAttempts:    cfg.Retry.MaxAttempts,
 		},
-		Applier:          store.New(pool, e.opts.Processor, storeOptions(cfg)...),
-		DLQ:              actors.DLQClient{Root: system.Root, PID: dlq},
-		DLQTopic:         cfg.Kafka.DLQTopic,
-		Committer:        committer,
-		DrainTimeout:     cfg.Shutdown.Timeout,
-		InstanceID:       cfg.Kafka.InstanceID,
-		GroupID:          cfg.Kafka.GroupID,
-		RecycleInterval:  cfg.Kafka.RecycleInterval,
-		BrokersDownAfter: 2 * time.Minute,
-		MaxRestarts:      cfg.Supervision.MaxRestarts,
-		RestartWindow:    cfg.Supervision.Within,
-		Metrics:          e.m,
-		Logger:           e.log,
-		ResetWatch:       resetWatch,
-		DeadLetterLog:    deadLetterLog,
-		Tracer:           e.tracer,
+		Applier:        store.New(pool, e.opts.Processor, storeOptions(cfg)...),
+		DLQ:            actors.DLQClient{Root: system.Root, PID: dlq},
+		DLQTopic:       cfg.Kafka.DLQTopic,
+		Committer:      committer,
+		DrainTimeout:   cfg.Shutdown.Timeout,
+		SessionTimeout: sessionTimeout(cfg),
+		// The watchdog's bound: see actors.AssignmentTimeout.
+		AssignmentTimeout: actors.AssignmentTimeout(sessionTimeout(cfg), cfg.Shutdown.Timeout),
+		InstanceID:        cfg.Kafka.InstanceID,
+		GroupID:           cfg.Kafka.GroupID,
+		RecycleInterval:   cfg.Kafka.RecycleInterval,
+		BrokersDownAfter:  2 * time.Minute,
+		MaxRestarts:       cfg.Supervision.MaxRestarts,
+		RestartWindow:     cfg.Supervision.Within,
+		Metrics:           e.m,
+		Logger:            e.log,
+		ResetWatch:        resetWatch,
+		DeadLetterLog:     deadLetterLog,
+		Tracer:            e.tracer,
 	})
 
 	// From here the page and the probes read the running engine.
@@ -570,6 +575,22 @@ func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, 
 		}
 	}
 	return total, nil
+}
+
+// sessionTimeout is the consumer's session.timeout.ms: the value in
+// kafka.properties, else the default kafkaclient sets; 0 when it does not
+// parse (librdkafka then refuses the consumer).
+func sessionTimeout(cfg config.Config) time.Duration {
+	m := kafkaclient.ConsumerConfig(kafkaclient.ConsumerOptions{Properties: cfg.Kafka.Properties})
+	v, err := m.Get("session.timeout.ms", nil)
+	if err != nil {
+		return 0
+	}
+	ms, err := strconv.Atoi(strings.TrimSpace(fmt.Sprint(v)))
+	if err != nil || ms <= 0 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // storeOptions are the store's settings from cfg. AsyncCommit applies to
