@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -19,6 +21,7 @@ import (
 	"ratchet/config"
 	"ratchet/engine"
 	"ratchet/internal/testenv"
+	ratchetv1 "ratchet/messages/ratchet/v1"
 )
 
 // waitConfig is testConfig with short group timeouts: session.timeout.ms
@@ -50,46 +53,84 @@ func startRecorded(tb testing.TB, cfg config.Config, rec *testenv.LogRecorder, r
 // 2 × session timeout + shutdown.timeout (15 s here) without an
 // assignment: a supervised restart, logged and counted, after which the
 // new member is assigned and applies the records.
+//
+// Cases: the first join is never answered (kfake: its JoinGroup with a
+// member id is dropped, the test broker's way of losing a member that
+// waits in the join, docs/testing.md; librdkafka's mock: its first
+// JoinGroup answered ten minutes late), and the chaos run's sequence: a
+// member that has its partitions loses them ("assignment lost": the
+// coordinator no longer knows it), its rejoin is never answered, and
+// then nothing.
 func TestStalledJoinRebuildsTheConsumer(t *testing.T) {
 	const n = 200
 	bound := actors.AssignmentTimeout(6*time.Second, 3*time.Second)
-	for _, broker := range []string{"kfake", "mock"} {
-		t.Run(broker, func(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		broker string
+		lost   bool // stall the rejoin of a member that has partitions
+		since  string
+	}{
+		{"kfake first join", "kfake", false, "subscribe"},
+		{"mock first join", "mock", false, "subscribe"},
+		{"kfake rejoin after assignment lost", "kfake", true, "assignment lost"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			var addr string
-			switch broker {
+			// kfake: drop (never answer) the next JoinGroup with a member
+			// id while dropJoin is set.
+			var dropJoin atomic.Bool
+			var cluster *kfake.Cluster
+			switch c.broker {
 			case "kfake":
-				c, a := testenv.Kafka(t, 3, topic)
-				addr = a
-				// The test broker's way to lose a member in the join
-				// (docs/testing.md): its JoinGroup with a member id is
-				// never answered, once.
-				var dropped atomic.Bool
-				c.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
-					c.KeepControl()
-					if j := req.(*kmsg.JoinGroupRequest); j.MemberID != "" && dropped.CompareAndSwap(false, true) {
-						return nil, nil, true
+				cluster, addr = testenv.Kafka(t, 3, topic)
+				dropJoin.Store(!c.lost)
+				cluster.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+					cluster.KeepControl()
+					if j := req.(*kmsg.JoinGroupRequest); j.MemberID != "" && dropJoin.CompareAndSwap(true, false) {
+						return nil, nil, true // never answered
 					}
 					return nil, nil, false
 				})
 			case "mock":
-				mc, a := testenv.MockKafkaCluster(t, 3, topic, topic+".dlq")
-				addr = a
-				// librdkafka's mock answers the first JoinGroup ten
-				// minutes late: the same silence.
+				var mc *kafka.MockCluster
+				mc, addr = testenv.MockKafkaCluster(t, 3, topic, topic+".dlq")
 				testenv.DelayMockRequest(t, mc, int16(kmsg.JoinGroup), 10*time.Minute)
 			}
 			dbURL := testenv.Postgres(t)
 			pool := openPool(t, dbURL)
 			createLedger(t, pool)
-			produceEvents(t, addr, n)
+			g := &gen{} // distinct events across both sends
+			send := func() {
+				batch := make([]*ratchetv1.Event, n)
+				for i := range batch {
+					batch[i] = g.next()
+				}
+				newProducer(t, addr).send(t, batch)
+			}
+			send()
 
 			rec := testenv.NewLogRecorder(slog.LevelInfo)
 			reg := prometheus.NewRegistry()
 			cfg := waitConfig(t, addr, dbURL, 3*time.Second)
 			cfg.HTTP.Addr = "127.0.0.1:0"
-			started := time.Now()
 			e := startRecorded(t, cfg, rec, reg)
 			base := "http://" + e.Addr(t, 60*time.Second)
+			want := int64(n)
+			if c.lost {
+				waitApplied(t, pool, n)
+				// The coordinator no longer knows the member (as after the
+				// chaos run's SyncGroup timeout): librdkafka declares the
+				// assignment lost and rejoins, and that JoinGroup is never
+				// answered.
+				dropJoin.Store(true)
+				cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Err: kerr.UnknownMemberID})
+				testenv.Eventually(t, 60*time.Second, func() bool {
+					return len(rec.Lines("assignment lost; stopping partitions without committing")) > 0
+				}, "the member's assignment lost")
+				send()
+				want += n
+			}
+			stalled := time.Now()
 
 			// While it waits, /readyz says so (503) and the gauge counts.
 			testenv.Eventually(t, bound, func() bool {
@@ -99,12 +140,12 @@ func TestStalledJoinRebuildsTheConsumer(t *testing.T) {
 					gauge(t, reg, "ratchet_assignment_wait_seconds") >= 5
 			}, "/readyz 503 naming the wait and ratchet_assignment_wait_seconds counting")
 
-			// Old behaviour: nothing is applied for 305 s.
+			// Before the watchdog: nothing is applied for 305 s.
 			testenv.Eventually(t, bound+60*time.Second, func() bool {
-				return count(t, pool, `SELECT count(DISTINCT id) FROM test_ledger`) >= n
+				return count(t, pool, `SELECT count(DISTINCT id) FROM test_ledger`) >= want
 			}, "every record applied after the watchdog's rebuild")
-			if took := time.Since(started); took < bound {
-				t.Errorf("applied after %s, before the watchdog's bound %s: the join was not stalled", took, bound)
+			if took := time.Since(stalled); took < bound-time.Second {
+				t.Errorf("applied %s after the stall, before the watchdog's bound %s: the join was not stalled", took, bound)
 			}
 
 			lines := rec.Lines("consumer restarted: rebuilding it to rejoin the group")
@@ -112,7 +153,8 @@ func TestStalledJoinRebuildsTheConsumer(t *testing.T) {
 				t.Fatal("no supervised restart of the consumer logged")
 			}
 			if l := lines[0]; l.Level != slog.LevelWarn || l.Attrs["actor"] != "consumer" ||
-				!strings.Contains(l.Attrs["reason"].(string), "no partition assignment") {
+				!strings.Contains(l.Attrs["reason"].(string), "no partition assignment") ||
+				!strings.Contains(l.Attrs["reason"].(string), "since "+c.since) {
 				t.Errorf("restart logged as %v %q %v", l.Level, l.Msg, l.Attrs)
 			}
 			if got := counter(t, reg, "ratchet_actor_restarts_total", "actor", "consumer"); got < 1 {
@@ -128,7 +170,7 @@ func TestStalledJoinRebuildsTheConsumer(t *testing.T) {
 				return gauge(t, reg, "ratchet_assignment_wait_seconds") == 0
 			}, "ratchet_assignment_wait_seconds back to 0 once assigned")
 			e.Stop(t)
-			assertLedgerExactlyOnce(t, pool, n)
+			assertLedgerExactlyOnce(t, pool, want)
 		})
 	}
 }
