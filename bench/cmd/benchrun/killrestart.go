@@ -213,11 +213,19 @@ func (k *killReport) rows(row func(cells ...string)) {
 	}{{"with `kafka.instance_id`", k.Static}, {"without `kafka.instance_id`", k.Dynamic}} {
 		all := make([]string, len(c.times))
 		for i, d := range c.times {
-			all[i] = d.Round(100 * time.Millisecond).String()
+			all[i] = roundRestart(d)
 		}
 		row(fmt.Sprintf("(k) kill -9, restart to first batch, %s (median of %d; each)", c.what, len(c.times)),
-			fmt.Sprintf("%s (%s)", medianDuration(c.times).Round(100*time.Millisecond), strings.Join(all, ", ")), "", "")
+			fmt.Sprintf("%s (%s)", roundRestart(medianDuration(c.times)), strings.Join(all, ", ")), "", "")
 	}
+}
+
+// roundRestart keeps two significant figures or so: 640ms, 29.5s.
+func roundRestart(d time.Duration) string {
+	if d < 10*time.Second {
+		return d.Round(10 * time.Millisecond).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
 }
 
 func (k *killReport) method() string {
