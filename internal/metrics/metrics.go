@@ -13,22 +13,20 @@ import (
 // Metrics are the series one engine updates. A nil *Metrics is not valid;
 // use New (tests use New(prometheus.NewRegistry())).
 type Metrics struct {
-	Records         *prometheus.CounterVec   // topic, partition
-	Batches         *prometheus.CounterVec   // topic, partition
-	BatchSeconds    *prometheus.HistogramVec // topic
-	EndToEndSeconds *prometheus.HistogramVec // topic
-	Poison          *prometheus.CounterVec   // topic, reason
-	Retries         *prometheus.CounterVec   // class
-	DeadLetters     *prometheus.CounterVec   // topic
-	Commits         *prometheus.CounterVec   // result
-	CommittedOffset *prometheus.GaugeVec     // topic, partition
-	StoredOffset    *prometheus.GaugeVec     // topic, partition
-	Lag             *prometheus.GaugeVec     // topic, partition
-	Paused          prometheus.Gauge
-	Assigned        prometheus.Gauge
-	// AssignmentWait is how long this member has been subscribed without
-	// an assignment (0 while it has one, an empty one included).
-	AssignmentWait   prometheus.Gauge
+	Records          *prometheus.CounterVec   // topic, partition
+	Batches          *prometheus.CounterVec   // topic, partition
+	BatchSeconds     *prometheus.HistogramVec // topic
+	EndToEndSeconds  *prometheus.HistogramVec // topic
+	Poison           *prometheus.CounterVec   // topic, reason
+	Retries          *prometheus.CounterVec   // class
+	DeadLetters      *prometheus.CounterVec   // topic
+	Commits          *prometheus.CounterVec   // result
+	CommittedOffset  *prometheus.GaugeVec     // topic, partition
+	StoredOffset     *prometheus.GaugeVec     // topic, partition
+	Lag              *prometheus.GaugeVec     // topic, partition
+	Paused           prometheus.Gauge
+	Assigned         prometheus.Gauge
+	AssignmentWait   prometheus.Gauge       // seconds subscribed without an assignment (an empty one counts); 0 with one
 	HeldBytes        prometheus.Gauge       // what partition actors hold, against BudgetBytes
 	HeldBytesPeak    prometheus.Gauge       // the most HeldBytes so far, at any moment
 	BudgetBytes      prometheus.Gauge       // processing.memory_budget

@@ -96,12 +96,12 @@ type options struct {
 	// The tracing section (tracing.go).
 	onlyTracing bool
 	// The configured-pipelines section (pipelines.go).
-	onlyPipelines bool
-	// The restart-after-kill section (killrestart.go).
-	onlyKill       bool
-	killCycles     int
-	killRate       float64
+	onlyPipelines  bool
 	pipelineOrders int64
+	// The restart-after-kill section (killrestart.go).
+	onlyKill   bool
+	killCycles int
+	killRate   float64
 }
 
 func run(ctx context.Context) error {
