@@ -185,7 +185,8 @@
 // resumed (readiness says degraded meanwhile).
 //
 // Stop (stop.go) ends the engine and every consumer rebuild (recycle, a
-// fatal error, brokers down too long): pause every partition and drop what
+// fatal error, brokers down too long, no assignment within
+// AssignmentTimeout: assignwait.go): pause every partition and drop what
 // arrives, Drain all partitions while polling, Flush while polling (a
 // refusal is committed again from the next assign callback, commitHeld),
 // Unsubscribe a dynamic member, Close the consumer with what is left of
@@ -193,6 +194,17 @@
 // the loop must keep polling throughout. The engine then stops the DLQ
 // actor (its producer flushes with what is left of shutdown.timeout) and
 // the committer, and closes the pool.
+//
+// # Waiting for an assignment
+//
+// From the subscribe, and from a revoke that leaves it nothing (a lost
+// assignment), until the next assign callback, the member waits for the
+// group (assignwait.go). The poll loop logs the wait at INFO after a few
+// seconds and at WARN past the session timeout, naming what the group
+// waits for and the remedy, publishes it on the Board (/readyz) and in
+// ratchet_assignment_wait_seconds, and past AssignmentTimeout (2 ×
+// session timeout + shutdown.timeout) rebuilds the consumer: a supervised
+// restart of the consumer, against the partition actors' restart budget.
 //
 // # Tracing
 //

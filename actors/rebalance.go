@@ -47,6 +47,7 @@ func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
 // here, the moment the group takes commits again (group.go).
 func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	defer s.board.phase.CompareAndSwap(int32(PhaseStarting), int32(PhaseRunning))
+	s.assignmentCame(time.Now()) // an empty assignment is an answer too
 	defer func() {
 		s.rebalances++
 		if s.revoked {
@@ -323,6 +324,15 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	}
 	if err := c.IncrementalUnassign(parts); err != nil {
 		s.cfg.Logger.Error("incremental unassign", "err", err)
+	}
+	if !s.stopping && (lost || len(s.parts)+len(s.unclaimed) == 0) {
+		// The member holds nothing now and waits for the group to assign
+		// again (assignwait.go).
+		since := "revoke"
+		if lost {
+			since = "assignment lost"
+		}
+		s.waitForAssignment(time.Now(), since)
 	}
 	s.cfg.Metrics.Assigned.Set(float64(len(s.parts)))
 	s.snapshot()

@@ -70,6 +70,11 @@ type Board struct {
 	// claim failed; unclaimedWhy names one of them and the error.
 	unclaimed    int
 	unclaimedWhy string
+	// waitSince is when the member was left subscribed without an
+	// assignment (unix nanoseconds; 0 while it has one), waitBound the
+	// watchdog's bound then (assignwait.go).
+	waitSince atomic.Int64
+	waitBound atomic.Int64
 }
 
 // Unclaimed returns how many assigned partitions wait for their claim to

@@ -73,6 +73,13 @@ type SupervisorConfig struct {
 	BrokersDownAfter time.Duration
 	// DrainTimeout bounds the drain and flush of a revoke and of a stop.
 	DrainTimeout time.Duration
+	// SessionTimeout is the group's session timeout (session.timeout.ms),
+	// named in the lines that say what a long join waits for; 0: unknown.
+	SessionTimeout time.Duration
+	// AssignmentTimeout rebuilds the consumer when the member has been
+	// subscribed without an assignment this long (assignwait.go,
+	// AssignmentTimeout); 0 never.
+	AssignmentTimeout time.Duration
 	// MaxRestarts within RestartWindow is a partition actor's restart
 	// budget; past it the partition actor is stopped.
 	MaxRestarts   int
@@ -124,6 +131,15 @@ type Supervisor struct {
 	idleSince      time.Time
 	idleWarned     bool
 	downSince      time.Time // first all-brokers-down since the last record
+	// The assignment wait (assignwait.go): waitSince is when the member
+	// was last left subscribed without an assignment (zero while it has
+	// one), waitFrom what left it so, waitLogged how much of the wait was
+	// logged (1 INFO, 2 WARN). consumerRestarts are the watchdog's
+	// rebuilds within the restart window.
+	waitSince        time.Time
+	waitFrom         string
+	waitLogged       int
+	consumerRestarts []time.Time
 	// trace is the lifecycle span under way (a stop, a revoke), the
 	// parent of the spans it leads to; the zero Span when none.
 	trace    tracing.Span
@@ -267,6 +283,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.closeConsumer(time.Now().Add(s.cfg.DrainTimeout))
 			return fmt.Errorf("subscribe %v: %w", s.cfg.Topics, err)
 		}
+		s.waitSince = time.Time{} // a new member: its wait starts now
+		s.waitForAssignment(time.Now(), "subscribe")
 		// The phase moves to running at the first rebalance callback: until
 		// then the instance has not joined the group.
 		rebuild, runErr := s.poll(ctx)
@@ -296,6 +314,8 @@ const (
 	rebuildRecycle     = "recycle"
 	rebuildFatal       = "fatal"
 	rebuildBrokersDown = "brokers_down"
+	// rebuildAssignmentWait (assignwait.go): no assignment within
+	// AssignmentTimeout.
 )
 
 // poll is the loop. It returns when ctx is done (nil, nil), when the
@@ -323,6 +343,9 @@ func (s *Supervisor) poll(ctx context.Context) (string, error) {
 		if !s.downSince.IsZero() && s.cfg.BrokersDownAfter > 0 && time.Since(s.downSince) > s.cfg.BrokersDownAfter {
 			s.cfg.Logger.Warn("all brokers down too long", "for", time.Since(s.downSince).Round(time.Second).String())
 			return rebuildBrokersDown, nil
+		}
+		if r, err := s.checkAssignmentWait(time.Now()); r != "" || err != nil {
+			return r, err
 		}
 		s.serveSeeks()
 		s.retryClaims()

@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -454,6 +456,10 @@ func (e *engine) run(ctx context.Context) error {
 		DeadLetterLog:    deadLetterLog,
 		Tracer:           e.tracer,
 		Guard:            guard,
+
+		// The assignment watchdog's bound: see actors.AssignmentTimeout.
+		SessionTimeout:    sessionTimeout(cfg),
+		AssignmentTimeout: actors.AssignmentTimeout(sessionTimeout(cfg), cfg.Shutdown.Timeout),
 	})
 
 	// From here the page and the probes read the running engine.
@@ -574,6 +580,22 @@ func ensureDLQTopics(ctx context.Context, p *kafka.Producer, cfg config.Config, 
 		}
 	}
 	return total, nil
+}
+
+// sessionTimeout is the consumer's session.timeout.ms: the value in
+// kafka.properties, else the default kafkaclient sets; 0 when it does not
+// parse (librdkafka then refuses the consumer).
+func sessionTimeout(cfg config.Config) time.Duration {
+	m := kafkaclient.ConsumerConfig(kafkaclient.ConsumerOptions{Properties: cfg.Kafka.Properties})
+	v, err := m.Get("session.timeout.ms", nil)
+	if err != nil {
+		return 0
+	}
+	ms, err := strconv.Atoi(strings.TrimSpace(fmt.Sprint(v)))
+	if err != nil || ms <= 0 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // storeOptions are the store's settings from cfg. AsyncCommit applies to

@@ -93,11 +93,22 @@ func (s *source) DeadLetters(ctx context.Context) ([]web.DeadLetterSummary, erro
 }
 
 func (s *source) Readiness() web.Readiness {
-	switch s.board.Phase() {
-	case actors.PhaseStarting:
-		return web.Readiness{State: web.StateStarting, Reason: "joining the consumer group"}
+	phase := s.board.Phase()
+	switch phase {
 	case actors.PhaseDraining, actors.PhaseStopped:
 		return web.Readiness{State: web.StateDraining, Reason: "stopping: draining partitions"}
+	}
+	if waited, bound, ok := s.board.AssignmentWait(); ok {
+		// Subscribed, or back in the join after losing the assignment:
+		// say for how long, and when the consumer is rebuilt.
+		reason := fmt.Sprintf("waiting for the consumer group to assign partitions for %s", waited.Round(time.Second))
+		if bound > 0 {
+			reason += fmt.Sprintf(" (the consumer is rebuilt after %s)", bound)
+		}
+		return web.Readiness{State: web.StateStarting, Reason: reason}
+	}
+	if phase == actors.PhaseStarting {
+		return web.Readiness{State: web.StateStarting, Reason: "joining the consumer group"}
 	}
 	if n, why := s.board.Unclaimed(); n > 0 {
 		return web.Readiness{State: web.StateDegraded,

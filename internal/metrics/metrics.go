@@ -26,6 +26,7 @@ type Metrics struct {
 	Lag              *prometheus.GaugeVec     // topic, partition
 	Paused           prometheus.Gauge
 	Assigned         prometheus.Gauge
+	AssignmentWait   prometheus.Gauge       // seconds subscribed without an assignment (an empty one counts); 0 with one
 	HeldBytes        prometheus.Gauge       // what partition actors hold, against BudgetBytes
 	HeldBytesPeak    prometheus.Gauge       // the most HeldBytes so far, at any moment
 	BudgetBytes      prometheus.Gauge       // processing.memory_budget
@@ -110,6 +111,9 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "ratchet_paused_partitions", Help: "Partitions paused for backpressure or retries."}),
 		Assigned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratchet_assigned_partitions", Help: "Partitions assigned to this instance."}),
+		AssignmentWait: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratchet_assignment_wait_seconds",
+			Help: "How long this instance has been subscribed without an assignment from the consumer group (since it subscribed or lost its assignment); 0 while it has one, an empty one included. Past 2 × session timeout + shutdown.timeout the consumer is rebuilt (ratchet_consumer_rebuilds_total{reason=\"assignment_wait\"})."}),
 		HeldBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratchet_held_bytes", Help: "Bytes of records the partition actors hold (queued, cut ahead, in flight), sampled every second."}),
 		HeldBytesPeak: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -132,7 +136,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		DegradedSeconds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratchet_degraded_seconds_total", Help: "Time spent retrying transient failures."}),
 		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratchet_consumer_rebuilds_total", Help: "Consumers rebuilt (fatal error, outage, recycle)."}, []string{"reason"}),
+			Name: "ratchet_consumer_rebuilds_total", Help: "Consumers rebuilt, by reason: fatal (error), brokers_down (outage), recycle (kafka.recycle_interval), assignment_wait (no assignment within 2 × session timeout + shutdown.timeout)."}, []string{"reason"}),
 		OffsetResets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_offset_resets_total", Help: "Positions past the end of a partition (topic recreated) reset to its start."},
 			[]string{"topic"}),
@@ -189,7 +193,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.PipelineConfigErrors, m.PipelineConfigWaiting, m.PipelineGuardTripped)
 	reg.MustRegister(m.DecodedRecords, m.RegistryLookups, m.RegistryCacheHits, m.RegistryErrors)
 	reg.MustRegister(m.Unclaimed, m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
-		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,
+		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.AssignmentWait, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,
 		m.Restarts, m.RewindsPrevented, m.RewindRecords, m.Fenced, m.StaleOffsets, m.DegradedSeconds, m.Reconnects)
 	return m
 }

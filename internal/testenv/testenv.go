@@ -125,6 +125,14 @@ func Eventually(tb testing.TB, timeout time.Duration, cond func() bool, format s
 // killed and restarted can stay in rebalance for ever.
 func MockKafka(tb testing.TB, partitions int, topics ...string) string {
 	tb.Helper()
+	_, addr := MockKafkaCluster(tb, partitions, topics...)
+	return addr
+}
+
+// MockKafkaCluster is MockKafka that also returns the cluster, for tests
+// that inject faults into it (DelayMockRequest).
+func MockKafkaCluster(tb testing.TB, partitions int, topics ...string) (*kafka.MockCluster, string) {
+	tb.Helper()
 	mc, err := kafka.NewMockCluster(1)
 	if err != nil {
 		tb.Fatalf("start mock cluster: %v", err)
@@ -135,5 +143,5 @@ func MockKafka(tb testing.TB, partitions int, topics ...string) string {
 			tb.Fatalf("mock cluster topic %s: %v", t, err)
 		}
 	}
-	return mc.BootstrapServers()
+	return mc, mc.BootstrapServers()
 }

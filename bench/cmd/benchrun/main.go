@@ -98,6 +98,10 @@ type options struct {
 	// The configured-pipelines section (pipelines.go).
 	onlyPipelines  bool
 	pipelineOrders int64
+	// The restart-after-kill section (killrestart.go).
+	onlyKill   bool
+	killCycles int
+	killRate   float64
 }
 
 func run(ctx context.Context) error {
@@ -126,6 +130,9 @@ func run(ctx context.Context) error {
 	flag.BoolVar(&o.onlyExecMode, "only-exec-mode", false, "run the query exec mode section (h) alone on a -events backlog (the table then has its rows only)")
 	flag.BoolVar(&o.onlyTracing, "only-tracing", false, "run the tracing section (i) alone on a -events backlog (the table then has its rows only)")
 	flag.BoolVar(&o.onlyPipelines, "only-pipelines", false, "run the configured-pipelines section (j) alone on a -events backlog (the table then has its rows only)")
+	flag.BoolVar(&o.onlyKill, "only-kill-restart", false, "run the restart-after-kill -9 section (k) alone (the table then has its rows only)")
+	flag.IntVar(&o.killCycles, "kill-cycles", 3, "kill -9 and restart cycles per contestant (k)")
+	flag.Float64Var(&o.killRate, "kill-rate", 1000, "events/s produced while the (k) workers are killed and restarted")
 	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (j)")
 	flag.Parse()
 	if o.command == "" {
@@ -154,6 +161,7 @@ func run(ctx context.Context) error {
 		tracedTopic, tracedTopic + ".dlq"}
 	topics = append(topics, rwTopics...)
 	topics = append(topics, pipelineTopics...)
+	topics = append(topics, killTopics...)
 	brokerLog, err := os.Create(filepath.Join(o.outDir, "broker.log"))
 	if err != nil {
 		return err
@@ -188,6 +196,12 @@ func run(ctx context.Context) error {
 	}
 	if o.onlyTracing {
 		if rep.tracing, err = runTracing(ctx, env, o.events, o.rounds, say); err != nil {
+			return err
+		}
+		return rep.write(began, say)
+	}
+	if o.onlyKill {
+		if rep.kill, err = runKillRestart(ctx, env, o.killRate, o.killCycles, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -390,6 +404,12 @@ func run(ctx context.Context) error {
 	// 5d. Configured pipelines (issue 25): the dashboard as a pipeline
 	// against the built-in one, and upsert pipelines on JSON and Avro.
 	if rep.pipelines, err = runPipelines(ctx, env, o.events, o.pipelineOrders, o.rounds, say); err != nil {
+		return err
+	}
+
+	// 5e. Restart after kill -9 (issue 32), with and without
+	// kafka.instance_id.
+	if rep.kill, err = runKillRestart(ctx, env, o.killRate, o.killCycles, say); err != nil {
 		return err
 	}
 
