@@ -42,6 +42,9 @@ type GuardLimits struct {
 type Guard struct {
 	m   *metrics.Metrics
 	log *slog.Logger
+	// IncludeValues keeps the record values a failure's reason quotes in
+	// the sample the guard logs (log.include_values); set before use.
+	IncludeValues bool
 
 	mu      sync.Mutex
 	byName  map[string]*guarded
@@ -145,7 +148,7 @@ func (g *Guard) Failed(pipeline string, reason error) bool {
 	if p.failures < l.MinFailures || float64(p.failures) <= l.MaxRatio*float64(p.n) {
 		return false
 	}
-	p.tripped = &TrippedPipeline{Pipeline: p.name, Topic: p.topic, Failures: p.failures, Seen: p.n, Sample: reason.Error()}
+	p.tripped = &TrippedPipeline{Pipeline: p.name, Topic: p.topic, Failures: p.failures, Seen: p.n, Sample: reasonText(reason, g.IncludeValues)}
 	g.m.PipelineGuardTripped.WithLabelValues(p.name).Set(1)
 	g.log.Error("pipeline failure guard tripped: its topic is held until the configuration is fixed and ratchet restarted",
 		"pipeline", p.name, "topic", p.topic, "failures", p.failures, "records", p.n,

@@ -2,13 +2,16 @@ package actors
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"ratchet/internal/metrics"
+	"ratchet/internal/testenv"
 )
 
 // TestGuardTrips: the guard trips when, in the window, at least
@@ -75,6 +78,33 @@ func TestGuardUnwatched(t *testing.T) {
 	for range 1000 {
 		if g.Failed("other", errors.New("x")) {
 			t.Fatal("an unwatched pipeline tripped")
+		}
+	}
+}
+
+// TestGuardSampleKeepsValuesOut: the reason the guard logs (and shows) as
+// its sample quotes no record value unless log.include_values.
+func TestGuardSampleKeepsValuesOut(t *testing.T) {
+	const secret = "alice@example.com"
+	reason := errors.New(`pipeline p: record t[0]@7: upsert.columns.email: invalid input syntax for type uuid: "` + secret + `"`)
+	for _, include := range []bool{false, true} {
+		rec := testenv.NewLogRecorder(slog.LevelDebug)
+		g := NewGuard(metrics.New(prometheus.NewRegistry()), rec.Logger())
+		g.IncludeValues = include
+		g.Watch("p", "t", GuardLimits{MaxRatio: 0.5, MinFailures: 1, Window: 10})
+		if !g.Failed("p", reason) {
+			t.Fatal("the guard did not trip")
+		}
+		lines := rec.Lines("pipeline failure guard tripped: its topic is held until the configuration is fixed and ratchet restarted")
+		if len(lines) != 1 {
+			t.Fatalf("%d trip lines, want 1", len(lines))
+		}
+		sample := fmt.Sprint(lines[0].Attrs["sample"])
+		if got := strings.Contains(sample, secret) || strings.Contains(g.Tripped()[0].Sample, secret); got != include {
+			t.Errorf("include_values %v: the sample %q quotes the value: %v", include, sample, got)
+		}
+		if !strings.Contains(sample, "upsert.columns.email") {
+			t.Errorf("the sample %q lost the key path", sample)
 		}
 	}
 }

@@ -69,6 +69,7 @@ func bindPipelines(ctx context.Context, q pipeline.Querier, set *pipeline.Set, m
 // Without pipelines it still holds partitions on a configuration error.
 func newGuard(cfg config.Config, m *metrics.Metrics, log *slog.Logger) *actors.Guard {
 	g := actors.NewGuard(m, log)
+	g.IncludeValues = cfg.Log.IncludeValues
 	for _, p := range cfg.Pipelines {
 		l := p.Errors.Limits()
 		g.Watch(p.Name, p.Topic, actors.GuardLimits{MaxRatio: l.MaxRatio, MinFailures: l.MinFailures, Window: l.Window})
