@@ -72,33 +72,6 @@ func dlqCount(c *kfake.Cluster) int64 {
 	return n
 }
 
-func gaugeOf(tb testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
-	tb.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue metric
-				}
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
-}
-
 func guardConfig(tb testing.TB, addr, db string, p config.Pipeline) config.Config {
 	tb.Helper()
 	cfg := testConfig(tb, addr, db, config.ModeExactlyOnce)

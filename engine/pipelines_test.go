@@ -12,6 +12,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/protobuf/proto"
 
@@ -206,6 +207,19 @@ func waitAppliedToEnd(tb testing.TB, cluster *kfake.Cluster, pool *pgxpool.Pool,
 // include the label pairs given; 0 when there is none.
 func counter(tb testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
 	tb.Helper()
+	return labelled(tb, reg, name, labels).GetCounter().GetValue()
+}
+
+// gaugeOf is counter for a gauge.
+func gaugeOf(tb testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
+	tb.Helper()
+	return labelled(tb, reg, name, labels).GetGauge().GetValue()
+}
+
+// labelled returns the first metric name of reg whose labels include the
+// label pairs given, or nil (whose values read as 0).
+func labelled(tb testing.TB, reg *prometheus.Registry, name string, labels []string) *dto.Metric {
+	tb.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		tb.Fatal(err)
@@ -225,10 +239,10 @@ func counter(tb testing.TB, reg *prometheus.Registry, name string, labels ...str
 					continue metric
 				}
 			}
-			return m.GetCounter().GetValue()
+			return m
 		}
 	}
-	return 0
+	return nil
 }
 
 func diff(got, want []string) string {

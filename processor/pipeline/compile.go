@@ -404,10 +404,10 @@ func parseAggregate(s string) (kind, arg string, ok bool) {
 	return "", "", false
 }
 
-// closing returns the index of the parenthesis that closes s[0], skipping
-// string literals; -1 when there is none.
-func closing(s string) int {
-	depth := 0
+// parens calls visit with the index of each parenthesis of s outside
+// string literals, in order, and whether it opens; visit returns false to
+// stop.
+func parens(s string, visit func(i int, opens bool) bool) {
 	var quote byte
 	for i := 0; i < len(s); i++ {
 		ch := s[i]
@@ -420,47 +420,54 @@ func closing(s string) int {
 			}
 		case ch == '"' || ch == '\'':
 			quote = ch
-		case ch == '(':
-			depth++
-		case ch == ')':
-			depth--
-			if depth == 0 {
-				return i
+		case ch == '(' || ch == ')':
+			if !visit(i, ch == '(') {
+				return
 			}
 		}
 	}
-	return -1
+}
+
+// closing returns the index of the parenthesis that closes s[0], skipping
+// string literals; -1 when there is none.
+func closing(s string) int {
+	depth, at := 0, -1
+	parens(s, func(i int, opens bool) bool {
+		if opens {
+			depth++
+			return true
+		}
+		depth--
+		if depth == 0 {
+			at = i
+			return false
+		}
+		return true
+	})
+	return at
 }
 
 // unbalanced says which parenthesis of s is not matched, skipping string
 // literals; "" when they all are.
 func unbalanced(s string) string {
 	var open []int
-	var quote byte
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
+	why := ""
+	parens(s, func(i int, opens bool) bool {
 		switch {
-		case quote != 0:
-			if ch == '\\' {
-				i++
-			} else if ch == quote {
-				quote = 0
-			}
-		case ch == '"' || ch == '\'':
-			quote = ch
-		case ch == '(':
+		case opens:
 			open = append(open, i)
-		case ch == ')':
-			if len(open) == 0 {
-				return fmt.Sprintf("unbalanced parentheses: the ) at column %d closes nothing", i+1)
-			}
+		case len(open) == 0:
+			why = fmt.Sprintf("unbalanced parentheses: the ) at column %d closes nothing", i+1)
+			return false
+		default:
 			open = open[:len(open)-1]
 		}
+		return true
+	})
+	if why == "" && len(open) > 0 {
+		why = fmt.Sprintf("unbalanced parentheses: the ( at column %d is not closed", open[len(open)-1]+1)
 	}
-	if len(open) > 0 {
-		return fmt.Sprintf("unbalanced parentheses: the ( at column %d is not closed", open[len(open)-1]+1)
-	}
-	return ""
+	return why
 }
 
 // canBe reports whether a value of static type t may be one of want at run
