@@ -48,6 +48,10 @@ type env struct {
 type Options struct {
 	// Processor, when set, replaces the built-in dashboard in `run`.
 	Processor processor.Processor
+
+	// exit, set by MainWith only (a process of its own), ends the process
+	// when a stop of `run` outlives shutdown.timeout (stopBackstop).
+	exit func(int)
 }
 
 type command struct {
@@ -91,6 +95,7 @@ func MainWith(args, environ []string, stdout, stderr io.Writer, o Options) int {
 		fmt.Fprintln(stderr, "ratchet: second signal, exiting now")
 		os.Exit(ExitError)
 	}()
+	o.exit = os.Exit
 	return run(ctx, args, environ, stdout, stderr, o)
 }
 

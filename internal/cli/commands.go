@@ -40,6 +40,11 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 	log := newLogger(e.stderr, cfg, false)
 	setMemoryLimit(e, cfg, log)
 	log.Info("ratchet starting", "version", version(), "config", cfg)
+	if e.opts.exit != nil {
+		done := make(chan struct{})
+		defer close(done)
+		go stopBackstop(ctx, cfg.Shutdown.Timeout, done, e.stderr, e.opts.exit) // ends with done, or ends the process
+	}
 	return engine.Run(ctx, cfg, engine.Options{Logger: log, Processor: e.opts.Processor, Getenv: e.getenv})
 }
 
