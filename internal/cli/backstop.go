@@ -10,7 +10,7 @@ import (
 
 // backstopGrace is how far past shutdown.timeout a stop may run before
 // the process ends itself.
-const backstopGrace = 500 * time.Millisecond
+const backstopGrace = time.Second
 
 // stopBackstop ends the process when a stop outlives its deadline: once
 // ctx is done (the signal), it waits timeout + backstopGrace for done
