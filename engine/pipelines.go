@@ -127,11 +127,13 @@ func (s *pipelineSource) Pipelines(context.Context) ([]web.PipelineSummary, erro
 			ps.Table = p.Upsert.Table
 		} else if p.Rollup != nil {
 			ps.Sink, ps.Table = "rollup", p.Rollup.Table
+		} else if p.Append != nil {
+			ps.Sink, ps.Table = "append", p.Append.Table
 		}
 		rec := func(result string) int64 { return counterValue(s.m.PipelineRecords, p.Name, result) }
 		rows := func(op string) int64 { return counterValue(s.m.PipelineRows, p.Name, op) }
 		ps.Written, ps.Filtered, ps.Ignored, ps.DeadLettered = rec("written"), rec("filtered"), rec("ignored"), rec("dead_lettered")
-		ps.Upserted, ps.Deleted, ps.Merged = rows("upserted"), rows("deleted"), rows("merged")
+		ps.Upserted, ps.Deleted, ps.Merged, ps.Appended = rows("upserted"), rows("deleted"), rows("merged"), rows("appended")
 		out = append(out, ps)
 	}
 	return out, nil
