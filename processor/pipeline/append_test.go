@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 
 	"ratchet/config"
 	"ratchet/internal/store"
+	"ratchet/internal/testenv"
 	"ratchet/processor"
 	"ratchet/processor/pipeline"
 )
@@ -314,4 +316,68 @@ func TestAppendCheck(t *testing.T) {
 			t.Fatalf("err = %v, want %q", err, want)
 		}
 	}
+}
+
+// Behind PgBouncer in transaction mode, with the exec mode ratchet picks
+// there, an append's COPY needs no session: batches of several clients
+// over two server sessions each land once.
+func TestAppendBehindPgBouncer(t *testing.T) {
+	cfg, err := loadConfig(t, eventsYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := pipeline.Compile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	direct, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	if _, err := direct.Exec(ctx, eventsTables); err != nil {
+		t.Fatal(err)
+	}
+	bouncer := testenv.StartPgBouncer(t, db, testenv.PgBouncerOptions{PoolSize: 2})
+	pool, err := store.Open(ctx, bouncer.URL(), 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if mode := pool.Config().ConnConfig.DefaultQueryExecMode; mode != store.PoolerExecMode {
+		t.Fatalf("exec mode %v behind pgbouncer, want %v", mode, store.PoolerExecMode)
+	}
+	schema, err := pipeline.Check(ctx, pool, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pipeline.New(set, schema, nil)
+	const clients, batches, size = 6, 10, 5
+	errs := make(chan error, clients)
+	for c := range clients {
+		go func() {
+			for b := range batches {
+				recs := make([]processor.Record, size)
+				for i := range recs {
+					off := int64(b*size + i)
+					recs[i] = rec(t, off, "k", order("k", "new", "c", "fr", "1", "2026-12-01T09:00:00Z"))
+					recs[i].Partition = int32(c)
+				}
+				batch := processor.Batch{Topic: "orders", Partition: int32(c), Start: recs[0].Offset, Next: recs[size-1].Offset + 1, Records: recs}
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.Process(ctx, tx, batch) }); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertRows(t, pool, `SELECT count(*)||' '||count(DISTINCT (part, off)) FROM events`, fmt.Sprintf("%d %d", clients*batches*size, clients*batches*size))
 }
