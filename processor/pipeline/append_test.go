@@ -158,6 +158,13 @@ func TestAppendValuePostgresRefuses(t *testing.T) {
 		}
 	}
 	assertRows(t, pool, `SELECT count(*)::text FROM events`, "0")
+	// A NUL in a string is refused by PostgreSQL (22021), as in an
+	// upsert's statement: COPY's text format does not cut it short.
+	err := apply(t, pool, p, rec(t, 2, "n", `{"status":"a\u0000b","amount":1,"customer":{"id":"c"}}`))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22021" || !store.IsRecordError(err) || !strings.Contains(err.Error(), "pipeline events: append 1 rows to events") {
+		t.Fatalf("NUL: err = %v, want PostgreSQL's 22021 naming pipeline events", err)
+	}
 }
 
 // A fault of the table (a column dropped, the table dropped, no
