@@ -245,11 +245,12 @@ func (n notInTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 func (n notInTx) Conn() *pgx.Conn { return n.c }
 
 // Configuration: exactly one sink; an append's keys; an append may share
-// a table with an append or a rollup, never with an upsert.
+// a table with another append, never with an upsert or a rollup.
 func TestAppendConfiguration(t *testing.T) {
 	const head = "kafka:\n  topics: [orders]\npipelines:\n"
 	const appendE = "    append: {table: events, columns: {id: string(record.key)}}\n"
 	const upsertE = "    upsert: {table: events, key: {id: string(record.key)}}\n"
+	const rollupE = "    rollup: {table: events, time: record.timestamp, bucket: 1m, bucket_column: minute, aggregates: {n: count}}\n"
 	pl := func(name, sink string) string {
 		return "  - name: " + name + "\n    topic: orders\n    format: json\n" + sink
 	}
@@ -264,6 +265,8 @@ func TestAppendConfiguration(t *testing.T) {
 			"pipelines[1].upsert.table: pipeline b writes table events, which pipeline a (pipelines[0]) writes too"},
 		{"append after upsert on one table", head + pl("a", upsertE) + pl("b", appendE),
 			"pipelines[1].append.table: pipeline b writes table events, which pipeline a (pipelines[0]) writes too"},
+		{"rollup after append on one table", head + pl("a", appendE) + pl("b", rollupE),
+			"pipelines[1].rollup.table: pipeline b writes table events, which pipeline a (pipelines[0]) writes too: two pipelines may share a table only when both are rollups or both are appends"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := loadConfig(t, tc.yaml)
@@ -275,13 +278,12 @@ func TestAppendConfiguration(t *testing.T) {
 			}
 		})
 	}
-	rollup := "    rollup: {table: events, time: record.timestamp, bucket: 1m, bucket_column: minute, aggregates: {n: count}}\n"
-	cfg, err := loadConfig(t, head+pl("a", appendE)+pl("b", appendE)+pl("c", rollup))
+	cfg, err := loadConfig(t, head+pl("a", appendE)+pl("b", appendE))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pipeline.Compile(cfg); err != nil {
-		t.Fatalf("appends and a rollup sharing a table: %v", err)
+		t.Fatalf("two appends sharing a table: %v", err)
 	}
 }
 

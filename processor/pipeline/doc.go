@@ -10,8 +10,9 @@
 //     expression compiled once, each problem a *config.Error line naming
 //     its key path (pipelines[1].rollup.aggregates.revenue), exit code 2.
 //     It refuses an upsert that shares its table with another pipeline
-//     (the two would apply in pipeline order, not offset order); rollups
-//     and appends may share.
+//     (the two would apply in pipeline order, not offset order), and an
+//     append that shares one with a rollup; rollups may share with
+//     rollups, appends with appends.
 //   - Decoder (decode.go) turns a record value into what the expressions
 //     read as value: a JSON document into maps, lists, strings, int64,
 //     float64 and bools; a ratchet.v1.Event (format event) stays the
