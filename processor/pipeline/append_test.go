@@ -188,6 +188,34 @@ func TestAppendTableFaultIsConfigurationError(t *testing.T) {
 	}
 }
 
+// Without the privilege to insert into the table (42501), the COPY's
+// error is a configuration error naming the pipeline's table.
+func TestAppendWithoutPrivilegeIsConfigurationError(t *testing.T) {
+	pool, p := setup(t, eventsYAML, eventsTables)
+	ctx := context.Background()
+	var db string
+	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	role := pgx.Identifier{"reader_" + db}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT ALL ON orders TO `+role+`; GRANT SELECT ON events TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role) })
+	b := processor.Batch{Topic: "orders", Start: 0, Next: 1, Records: []processor.Record{rec(t, 0, "a", order("a", "new", "c", "fr", "1", "2026-12-01T09:00:00Z"))}}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+role); err != nil {
+			return err
+		}
+		return p.Process(ctx, tx, b)
+	})
+	var pgErr *pgconn.PgError
+	var re *pipeline.RecordError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !store.IsConfigurationError(err) || !errors.As(err, &re) || re.Table != "events" {
+		t.Fatalf("err = %v, want a configuration error with SQLSTATE 42501 naming table events", err)
+	}
+}
+
 // The COPY runs inside the batch's transaction: rolled back with it.
 func TestAppendRollsBackWithTheBatch(t *testing.T) {
 	pool, p := setup(t, eventsYAML, eventsTables)
