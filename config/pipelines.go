@@ -28,9 +28,9 @@ const (
 )
 
 // Pipeline is one entry of the pipelines list: a processor declared in
-// configuration that writes what it reads from Topic into a table, either
-// keeping the latest row per key (Upsert) or aggregating per group and
-// time bucket (Rollup). Expressions are CEL; package processor/pipeline
+// configuration that writes what it reads from Topic into a table: keeping
+// the latest row per key (Upsert), aggregating per group and time bucket
+// (Rollup), or inserting one row per record (Append). Expressions are CEL; package processor/pipeline
 // compiles them.
 type Pipeline struct {
 	Name   string
@@ -39,6 +39,7 @@ type Pipeline struct {
 	Where  string // empty: every record
 	Upsert *Upsert
 	Rollup *Rollup
+	Append *Append
 	// EpochMillisWindow (epoch_millis_window) bounds a time given as epoch
 	// milliseconds around the record's Kafka timestamp; zero fields take
 	// the defaults (see Window).
@@ -160,6 +161,13 @@ type Rollup struct {
 	Aggregates   []Column
 }
 
+// Append is a pipeline sink that inserts one row per record (an event
+// log, an audit trail): no key, tombstones ignored.
+type Append struct {
+	Table   string
+	Columns []Column
+}
+
 // PipelineKey returns the key path of the i-th pipeline, e.g. pipelines[1],
 // followed by the parts given: PipelineKey(1, "rollup", "aggregates",
 // "revenue") is pipelines[1].rollup.aggregates.revenue.
@@ -175,7 +183,7 @@ func (c *Config) loadPipelines(n *yaml.Node) []Problem {
 		return nil
 	}
 	if n.Kind != yaml.SequenceNode {
-		return []Problem{{Key: "pipelines", Value: nodeText(n), Allowed: "a list of pipelines ({name, topic, format, upsert | rollup})"}}
+		return []Problem{{Key: "pipelines", Value: nodeText(n), Allowed: "a list of pipelines ({name, topic, format, upsert | rollup | append})"}}
 	}
 	var ps []Problem
 	for i, e := range n.Content {
@@ -190,7 +198,7 @@ func loadPipeline(i int, n *yaml.Node) (Pipeline, []Problem) {
 	var p Pipeline
 	key := PipelineKey(i)
 	if n.Kind != yaml.MappingNode {
-		return p, []Problem{{Key: key, Value: nodeText(n), Allowed: "a mapping with name, topic, format and upsert or rollup"}}
+		return p, []Problem{{Key: key, Value: nodeText(n), Allowed: "a mapping with name, topic, format and upsert, rollup or append"}}
 	}
 	var ps []Problem
 	scalar := func(k string, v *yaml.Node, dst *string) {
@@ -226,6 +234,12 @@ func loadPipeline(i int, n *yaml.Node) (Pipeline, []Problem) {
 			}
 			r, rps := loadRollup(k, v)
 			p.Rollup, ps = r, append(ps, rps...)
+		case "append":
+			if isNull(v) {
+				continue
+			}
+			a, aps := loadAppend(k, v)
+			p.Append, ps = a, append(ps, aps...)
 		case "epoch_millis_window":
 			ps = append(ps, loadWindow(k, v, &p.EpochMillisWindow)...)
 		case "cost_limit":
@@ -247,7 +261,7 @@ func loadPipeline(i int, n *yaml.Node) (Pipeline, []Problem) {
 			e, eps := loadPipelineErrors(k, v)
 			p.Errors, ps = e, append(ps, eps...)
 		default:
-			ps = append(ps, unknownIn(k, name, "name", "topic", "format", "where", "upsert", "rollup", "epoch_millis_window", "cost_limit", "errors"))
+			ps = append(ps, unknownIn(k, name, "name", "topic", "format", "where", "upsert", "rollup", "append", "epoch_millis_window", "cost_limit", "errors"))
 		}
 	}
 	return p, ps
@@ -340,6 +354,29 @@ func loadUpsert(key string, n *yaml.Node) (*Upsert, []Problem) {
 		}
 	}
 	return u, ps
+}
+
+func loadAppend(key string, n *yaml.Node) (*Append, []Problem) {
+	a := &Append{}
+	if n.Kind != yaml.MappingNode {
+		return a, []Problem{{Key: key, Value: nodeText(n), Allowed: "a mapping with table and columns"}}
+	}
+	var ps []Problem
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		name, v := n.Content[j].Value, resolve(n.Content[j+1])
+		k := key + "." + name
+		switch name {
+		case "table":
+			ps = append(ps, scalarInto(k, v, &a.Table)...)
+		case "columns":
+			var cps []Problem
+			a.Columns, cps = loadColumns(k, v)
+			ps = append(ps, cps...)
+		default:
+			ps = append(ps, unknownIn(k, name, "table", "columns"))
+		}
+	}
+	return a, ps
 }
 
 func loadRollup(key string, n *yaml.Node) (*Rollup, []Problem) {
@@ -521,15 +558,24 @@ func (c Config) validatePipelines(v *validator) {
 		} else if !ok {
 			formats[p.Topic] = p.Format
 		}
+		sinks := 0
+		for _, set := range []bool{p.Upsert != nil, p.Rollup != nil, p.Append != nil} {
+			if set {
+				sinks++
+			}
+		}
 		switch {
-		case p.Upsert == nil && p.Rollup == nil:
-			v.ps = append(v.ps, Problem{Key: k(), Reason: "no sink: give it upsert or rollup"})
-		case p.Upsert != nil && p.Rollup != nil:
-			v.ps = append(v.ps, Problem{Key: k(), Reason: "two sinks: give it upsert or rollup, not both"})
+		case sinks == 0:
+			v.ps = append(v.ps, Problem{Key: k(), Reason: "no sink: give it upsert, rollup or append"})
+		case sinks > 1:
+			v.ps = append(v.ps, Problem{Key: k(), Reason: "two sinks: give it one of upsert, rollup or append"})
 		case p.Upsert != nil:
 			validateUpsert(v, k, p.Upsert)
-		default:
+		case p.Rollup != nil:
 			validateRollup(v, k, p.Rollup)
+		default:
+			validateTable(v, k("append", "table"), p.Append.Table)
+			validateColumns(v, k("append", "columns"), p.Append.Columns, map[string]string{}, true)
 		}
 	}
 	for _, t := range c.Kafka.Topics {

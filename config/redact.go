@@ -300,6 +300,8 @@ func (c Config) LogValue() slog.Value {
 				into = "upsert into " + p.Upsert.Table
 			} else if p.Rollup != nil {
 				into = "rollup into " + p.Rollup.Table
+			} else if p.Append != nil {
+				into = "append into " + p.Append.Table
 			}
 			pls = append(pls, slog.String(p.Name, p.Topic+" "+p.Format+" "+into))
 		}

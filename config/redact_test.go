@@ -256,7 +256,8 @@ func TestRedactedSharesNothing(t *testing.T) {
 func TestLogValueWithPipelines(t *testing.T) {
 	cfg := Default()
 	cfg.Kafka.Topics = []string{"app_events", "other"}
-	cfg.Pipelines = []Pipeline{{Name: "orders", Topic: "app_events", Format: PipelineJSON, Upsert: &Upsert{Table: "orders"}}}
+	cfg.Pipelines = []Pipeline{{Name: "orders", Topic: "app_events", Format: PipelineJSON, Upsert: &Upsert{Table: "orders"}},
+		{Name: "order_log", Topic: "app_events", Format: PipelineJSON, Append: &Append{Table: "order_log"}}}
 	line := func(c Config) map[string]any {
 		var b bytes.Buffer
 		slog.New(slog.NewJSONHandler(&b, nil)).Info("ratchet starting", "config", c)
@@ -271,7 +272,7 @@ func TestLogValueWithPipelines(t *testing.T) {
 	if kafka["format"] != "protobuf" || kafka["topic_formats"].(map[string]any)["app_events"] != "json (pipelines)" {
 		t.Errorf("kafka: %v; want format protobuf (for other) and app_events json (pipelines)", kafka)
 	}
-	if c["pipelines"].(map[string]any)["orders"] != "app_events json upsert into orders" {
+	if pl := c["pipelines"].(map[string]any); pl["orders"] != "app_events json upsert into orders" || pl["order_log"] != "app_events json append into order_log" {
 		t.Errorf("pipelines: %v", c["pipelines"])
 	}
 	cfg.Kafka.Topics = []string{"app_events"}

@@ -23,6 +23,7 @@ func TestPipelineResultsAreAFunctionOfTheInput(t *testing.T) {
 	const partitions = 3
 	in := testenv.DeterminismStream(1500, partitions)
 	wantDocs, wantGroups, wantNewest, wantDead := testenv.DeterminismModel(in)
+	wantLog := testenv.DeterminismLogModel(in)
 	t.Logf("%d docs rows, %d per_group rows, %d dead letters", len(wantDocs), len(wantGroups), len(wantDead))
 	path := filepath.Join(t.TempDir(), "pipelines.yaml")
 	if err := os.WriteFile(path, []byte(testenv.DeterminismYAML(topic)), 0o600); err != nil {
@@ -59,6 +60,9 @@ func TestPipelineResultsAreAFunctionOfTheInput(t *testing.T) {
 			}
 			if !slices.Equal(groups, wantGroups) {
 				t.Errorf("per_group:\n%s", diff(groups, wantGroups))
+			}
+			if log := testenv.DeterminismLogResult(t, pool); !slices.Equal(log, wantLog) {
+				t.Errorf("log:\n%s", diff(log, wantLog))
 			}
 			dead, why := testenv.DeadLetters(t, addr, topic+".dlq", len(wantDead))
 			if !slices.Equal(dead, wantDead) {

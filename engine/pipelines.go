@@ -35,17 +35,24 @@ func compilePipelines(cfg config.Config, opts Options) (*pipeline.Set, error) {
 // warnRollupReplays warns, once per run, that with commit.mode
 // at-least-once the rollups count replayed records again: after a crash
 // the records since the last commit are applied a second time, and a sum
-// or a count cannot tell. Upserts are not named: a replay writes the same
-// rows again.
+// or a count cannot tell; appends, that their rows are appended again.
+// Upserts are not named: a replay writes the same rows again.
 func warnRollupReplays(cfg config.Config, log *slog.Logger) {
 	if cfg.Commit.Mode != config.ModeAtLeastOnce {
 		return
 	}
-	var rollups []string
+	var rollups, appends []string
 	for _, p := range cfg.Pipelines {
 		if p.Rollup != nil {
 			rollups = append(rollups, p.Name)
 		}
+		if p.Append != nil {
+			appends = append(appends, p.Name)
+		}
+	}
+	if len(appends) > 0 {
+		log.Warn("append pipelines with commit.mode at-least-once: records replayed after a crash are appended twice (use exactly-once for one row per record)",
+			"pipelines", appends)
 	}
 	if len(rollups) > 0 {
 		log.Warn("rollup pipelines with commit.mode at-least-once: records replayed after a crash are counted twice (use exactly-once for exact aggregates)",
@@ -127,11 +134,13 @@ func (s *pipelineSource) Pipelines(context.Context) ([]web.PipelineSummary, erro
 			ps.Table = p.Upsert.Table
 		} else if p.Rollup != nil {
 			ps.Sink, ps.Table = "rollup", p.Rollup.Table
+		} else if p.Append != nil {
+			ps.Sink, ps.Table = "append", p.Append.Table
 		}
 		rec := func(result string) int64 { return counterValue(s.m.PipelineRecords, p.Name, result) }
 		rows := func(op string) int64 { return counterValue(s.m.PipelineRows, p.Name, op) }
 		ps.Written, ps.Filtered, ps.Ignored, ps.DeadLettered = rec("written"), rec("filtered"), rec("ignored"), rec("dead_lettered")
-		ps.Upserted, ps.Deleted, ps.Merged = rows("upserted"), rows("deleted"), rows("merged")
+		ps.Upserted, ps.Deleted, ps.Merged, ps.Appended = rows("upserted"), rows("deleted"), rows("merged"), rows("appended")
 		out = append(out, ps)
 	}
 	return out, nil

@@ -43,7 +43,8 @@ func TestAtLeastOnceRollupsWarnOnce(t *testing.T) {
 			// Nothing is listening there: the engine is stopped before it
 			// connects (ctx is done), after it has said what it warns of.
 			cfg := testConfig(t, "127.0.0.1:1", "postgres://127.0.0.1:1/none", tc.mode)
-			cfg.Pipelines = orderPipelines()
+			cfg.Pipelines = append(orderPipelines(), config.Pipeline{Name: "order_log", Topic: topic, Format: config.PipelineJSON,
+				Append: &config.Append{Table: "order_log", Columns: []config.Column{{Name: "id", Expr: "string(record.key)"}}}})
 			if err := cfg.Validate(); err != nil {
 				t.Fatal(err)
 			}
@@ -60,6 +61,11 @@ func TestAtLeastOnceRollupsWarnOnce(t *testing.T) {
 			}
 			if tc.want > 0 && !strings.Contains(out, "pipelines=[revenue_per_minute]") {
 				t.Fatalf("the warning does not name the rollup:\n%s", out)
+			}
+			// An append's replayed records are appended again.
+			const appended = "append pipelines with commit.mode at-least-once: records replayed after a crash are appended twice"
+			if got := strings.Count(out, appended); got != tc.want || (tc.want > 0 && !strings.Contains(out, "pipelines=[order_log]")) {
+				t.Fatalf("%d warnings of appends, want %d naming order_log:\n%s", got, tc.want, out)
 			}
 		})
 	}

@@ -67,9 +67,12 @@ func pipelinesCmd(ctx context.Context, e *env, args []string) error {
 	}
 	for _, p := range cfg.Pipelines {
 		sink, table := "upsert", ""
-		if p.Upsert != nil {
+		switch {
+		case p.Upsert != nil:
 			table = p.Upsert.Table
-		} else {
+		case p.Append != nil:
+			sink, table = "append", p.Append.Table
+		default:
 			sink, table = "rollup", p.Rollup.Table
 		}
 		fmt.Fprintf(e.stdout, "pipeline %s: ok (%s %s into %s)\n", p.Name, p.Topic, sink, table)

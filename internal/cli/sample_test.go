@@ -81,10 +81,9 @@ pipelines:
   - name: audit
     topic: orders
     format: json
-    upsert:
+    append:
       table: audit
-      key:     { order_id: string(record.key) }
-      columns: { status: value.status }
+      columns: { order_id: string(record.key), status: value.status }
 `
 
 // `ratchet pipelines check --sample N` runs the pipelines on the last N
@@ -240,7 +239,11 @@ func TestPipelinesCheckSample(t *testing.T) {
 		}
 		// orders: 20 sampled, 17 written, 2 filtered (the test orders), 0
 		// ignored, 1 dead-lettered (partition 1 offset 25), 0 blocked;
-		// audit applies neither the refused record (blocked) nor writes it.
+		// audit (an append, its COPY inside the sample's savepoints) applies
+		// neither the refused record (blocked) nor writes it.
+		if want := "pipeline audit: ok (orders append into audit)"; !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
 		if got := strings.Join(rows["orders"], " "); got != "orders 20 17 2 0 1 0" {
 			t.Errorf("orders row %q, want %q", got, "orders 20 17 2 0 1 0")
 		}

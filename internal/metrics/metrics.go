@@ -62,7 +62,7 @@ type Metrics struct {
 	ReplaysSkipped *prometheus.CounterVec // topic
 	// PipelineRecords counts records by configured pipeline and result
 	// (written, filtered, ignored, dead_lettered); PipelineRows the rows
-	// sent to its table by operation (upserted, deleted, merged). Both
+	// sent to its table by operation (upserted, deleted, merged, appended). Both
 	// count every attempt of a batch that is tried again.
 	PipelineRecords *prometheus.CounterVec // pipeline, result
 	PipelineRows    *prometheus.CounterVec // pipeline, op
@@ -175,7 +175,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		[]string{"pipeline", "result"})
 	m.PipelineRows = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ratchet_pipeline_rows_total",
-		Help: "Rows a configured pipeline sent to its table, by operation (upserted, deleted, merged); a batch tried again counts again."},
+		Help: "Rows a configured pipeline sent to its table, by operation (upserted, deleted, merged, appended); a batch tried again counts again."},
 		[]string{"pipeline", "op"})
 	reg.MustRegister(m.PipelineRecords, m.PipelineRows)
 	m.PipelineConfigErrors = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -13,18 +13,19 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The determinism harness: one fixed stream of JSON records for an upsert
-// and a rollup pipeline of one topic, with records PostgreSQL refuses in
+// The determinism harness: one fixed stream of JSON records for upsert,
+// rollup and append pipelines of one topic, with records PostgreSQL refuses in
 // superseded positions and records ratchet refuses, and the tables and
 // dead letters the stream must leave, computed without ratchet. The
 // engine tests run it at several batch sizes, the crash tests with kill
 // -9; every run must give the model's result.
 
-// DeterminismYAML returns the configuration of the three pipelines
+// DeterminismYAML returns the configuration of the four pipelines
 // reading topic: docs, the latest document per key (jsonb, numeric(5,2), a
 // CHECK and varchar(8) columns, tombstones delete); per_group, a count and
 // sum per group and minute; newest, per key the record of the highest
-// version (upsert.version, versions shuffled).
+// version (upsert.version, versions shuffled); log, one row per record
+// whose qty is not 4 (append, a varchar(6) column).
 func DeterminismYAML(topic string) string {
 	return `
 kafka:
@@ -56,6 +57,13 @@ pipelines:
       key:     { id: string(record.key) }
       columns: { n: value.body.n }
       version: value.v
+  - name: log
+    topic: ` + topic + `
+    format: json
+    where: int(value.qty) != 4
+    append:
+      table: log
+      columns: { part: record.partition, off: record.offset, k: string(record.key), qty: value.qty, tag: value.tag }
 `
 }
 
@@ -64,6 +72,7 @@ const DeterminismTables = `
 CREATE TABLE docs (id text PRIMARY KEY, body jsonb, price numeric(5,2), qty integer CHECK (qty >= 0), code varchar(8));
 CREATE TABLE per_group (g text NOT NULL, minute timestamptz NOT NULL, n bigint, qty bigint, PRIMARY KEY (g, minute));
 CREATE TABLE newest (id text PRIMARY KEY, n text, version bigint);
+CREATE TABLE log (part integer, off bigint, k text, qty integer, tag varchar(6));
 `
 
 // StreamRecord is one record of the determinism stream.
@@ -81,13 +90,14 @@ type StreamRecord struct {
 	version int // its newest version
 	n       string
 	offset  int64
+	tag     string // its log row's tag
 }
 
 // DeterminismStream returns n records over 40 keys, a key always in one
 // of partitions partitions, half of them on 3 hot keys (so that a batch of
 // a few records holds several of one key): about 2 % carry a value
 // PostgreSQL refuses (NUL in jsonb, numeric(5,2) overflow, the CHECK,
-// varchar(8)), on a hot key, so mostly superseded by a later record of
+// varchar(8), log's varchar(6)), on a hot key, so mostly superseded by a later record of
 // their key in the batch; about 1 % a value ratchet refuses (not JSON, a
 // qty that is not an integer); about 3 % are tombstones.
 func DeterminismStream(n int, partitions int32) []StreamRecord {
@@ -98,6 +108,7 @@ func DeterminismStream(n int, partitions int32) []StreamRecord {
 		g, minute := []string{"a", "b", "c", "d"}[i%4], i/100
 		r.qty = i % 9
 		body, price, qty, code := fmt.Sprintf(`{"n": %d}`, i), fmt.Sprintf("%d.25", i%100), strconv.Itoa(r.qty), fmt.Sprintf(`"c%d"`, i)
+		tag := fmt.Sprintf("t%d", i%1000)
 		tombstone := false
 		switch {
 		case i%197 == 11:
@@ -112,6 +123,8 @@ func DeterminismStream(n int, partitions int32) []StreamRecord {
 			qty, r.Bad = `"many"`, "upsert.columns.qty"
 		case i%229 == 29:
 			r.Value, r.Bad = []byte(`{"body": `), "json"
+		case i%233 == 31 && r.qty != 4: // (where filters qty 4 out of log)
+			tag, r.Bad = "longtag", "22001" // log refuses it alone
 		case i%37 == 36:
 			tombstone = true
 		}
@@ -127,8 +140,9 @@ func DeterminismStream(n int, partitions int32) []StreamRecord {
 			continue
 		}
 		r.version, r.n = i*37%101, strconv.Itoa(i)
-		r.Value = fmt.Appendf(nil, `{"body": %s, "price": %s, "qty": %s, "code": %s, "g": %q, "ts": "2026-12-01T09:%02d:30Z", "v": %d}`,
-			body, price, qty, code, g, minute, r.version)
+		r.tag = tag
+		r.Value = fmt.Appendf(nil, `{"body": %s, "price": %s, "qty": %s, "code": %s, "g": %q, "ts": "2026-12-01T09:%02d:30Z", "v": %d, "tag": %q}`,
+			body, price, qty, code, g, minute, r.version, tag)
 		r.row = fmt.Sprintf(`%s {"n": %d} %s %d %s`, r.Key, i, price, r.qty, strings.Trim(code, `"`))
 		r.group = fmt.Sprintf("%s 09:%02d", g, minute)
 		out = append(out, r)
@@ -177,6 +191,37 @@ func DeterminismModel(in []StreamRecord) (docs, groups, newest, dead []string) {
 	slices.Sort(newest)
 	slices.Sort(dead)
 	return docs, groups, newest, dead
+}
+
+// DeterminismLogModel returns the log rows the stream must leave, as
+// DeterminismLogResult prints them, sorted: one per record that is
+// neither dead-lettered nor a tombstone and whose qty is not 4.
+func DeterminismLogModel(in []StreamRecord) []string {
+	var out []string
+	for _, r := range in {
+		if r.Bad != "" || r.Value == nil || r.qty == 4 {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%d %d %s %d %s", r.Partition, r.offset, r.Key, r.qty, r.tag))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// DeterminismLogResult reads the log table as DeterminismLogModel prints
+// it, sorted.
+func DeterminismLogResult(tb testing.TB, q Querier) []string {
+	tb.Helper()
+	rows, err := q.Query(context.Background(), `SELECT part||' '||off||' '||k||' '||qty||' '||tag FROM log`)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Querier is what DeterminismResult reads the tables with (a pool or a

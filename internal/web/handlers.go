@@ -240,6 +240,7 @@ type pipelineSummaryJSON struct {
 	Upserted     int64  `json:"upserted"`
 	Deleted      int64  `json:"deleted"`
 	Merged       int64  `json:"merged"`
+	Appended     int64  `json:"appended"`
 }
 
 type pipelineJSON struct {
@@ -356,7 +357,7 @@ func toStateJSON(st state) stateJSON {
 	for _, p := range st.Pipelines {
 		out.Pipelines = append(out.Pipelines, pipelineSummaryJSON{Name: p.Name, Topic: p.Topic, Sink: p.Sink, Table: p.Table,
 			Written: p.Written, Filtered: p.Filtered, Ignored: p.Ignored, DeadLettered: p.DeadLettered,
-			Upserted: p.Upserted, Deleted: p.Deleted, Merged: p.Merged})
+			Upserted: p.Upserted, Deleted: p.Deleted, Merged: p.Merged, Appended: p.Appended})
 	}
 	for _, r := range st.Rollups {
 		out.Rollups = append(out.Rollups, rollupJSON{

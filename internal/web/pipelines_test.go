@@ -21,6 +21,7 @@ func TestPipelinesPanel(t *testing.T) {
 	src := &pipelineSource{fakeSource: newFake(), pls: []PipelineSummary{
 		{Name: "orders", Topic: "orders", Sink: "upsert", Table: "orders", Written: 12345, Filtered: 7, Ignored: 0, DeadLettered: 3, Upserted: 9000, Deleted: 4},
 		{Name: "revenue_per_minute", Topic: "orders", Sink: "rollup", Table: "revenue_per_minute", Written: 12350, Merged: 420},
+		{Name: "order_events", Topic: "orders", Sink: "append", Table: "order_events", Written: 12340, Appended: 12340},
 	}}
 	h := newTestServer(t, src).Handler()
 
@@ -32,18 +33,19 @@ func TestPipelinesPanel(t *testing.T) {
 			Written      int64  `json:"written"`
 			DeadLettered int64  `json:"dead_lettered"`
 			Merged       int64  `json:"merged"`
+			Appended     int64  `json:"appended"`
 		} `json:"pipelines"`
 	}
 	if err := json.Unmarshal([]byte(r.body), &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Pipelines) != 2 || got.Pipelines[0].Name != "orders" || got.Pipelines[0].Written != 12345 ||
+	if len(got.Pipelines) != 3 || got.Pipelines[2].Sink != "append" || got.Pipelines[2].Appended != 12340 || got.Pipelines[0].Name != "orders" || got.Pipelines[0].Written != 12345 ||
 		got.Pipelines[0].DeadLettered != 3 || got.Pipelines[1].Sink != "rollup" || got.Pipelines[1].Merged != 420 {
 		t.Errorf("pipelines = %+v", got.Pipelines)
 	}
 	page := do(t, h, http.MethodGet, "/").body
 	for _, want := range []string{`<section id="pipelines-card" class="card">`, "revenue_per_minute", "12,345",
-		"9,000 upserted, 4 deleted", "420 merged", `<td class="num bad">3</td>`} {
+		"9,000 upserted, 4 deleted", "420 merged", "12,340 appended", `<td class="num bad">3</td>`} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)
 		}

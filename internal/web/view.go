@@ -176,10 +176,13 @@ func buildView(title string, st state) pageView {
 }
 
 // pipelineRows says what a pipeline sent to its table: "12 upserted, 3
-// deleted" or "40 merged".
+// deleted", "40 merged" or "7 appended".
 func pipelineRows(p PipelineSummary) string {
-	if p.Sink == "rollup" {
+	switch p.Sink {
+	case "rollup":
 		return formatInt(p.Merged) + " merged"
+	case "append":
+		return formatInt(p.Appended) + " appended"
 	}
 	return formatInt(p.Upserted) + " upserted, " + formatInt(p.Deleted) + " deleted"
 }

@@ -50,11 +50,11 @@ type PipelineSource interface {
 type PipelineSummary struct {
 	Name  string
 	Topic string
-	Sink  string // "upsert" or "rollup"
+	Sink  string // "upsert", "rollup" or "append"
 	Table string
 	// Records by result, and rows sent to the table by operation.
 	Written, Filtered, Ignored, DeadLettered int64
-	Upserted, Deleted, Merged                int64
+	Upserted, Deleted, Merged, Appended      int64
 }
 
 // DeadLetterSummary is one line of the dead-letters panel: the dead letters

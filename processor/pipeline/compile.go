@@ -45,6 +45,7 @@ type pipeline struct {
 	where  *expr // nil: every record
 	upsert *upsertSink
 	rollup *rollupSink
+	append *appendSink
 }
 
 // expr is one compiled CEL expression and where it came from.
@@ -79,6 +80,12 @@ type upsertSink struct {
 	version       *expr
 	versionColumn string
 	versionKey    string // the key path check names for the column
+}
+
+// appendSink inserts one row per record, with COPY.
+type appendSink struct {
+	table   string
+	columns []*expr
 }
 
 type rollupSink struct {
@@ -148,6 +155,9 @@ func Compile(cfg config.Config) (*Set, error) {
 			p.upsert = c.upsert(i, pc.Upsert)
 		case pc.Rollup != nil:
 			p.rollup = c.rollup(i, pc.Rollup)
+		case pc.Append != nil:
+			p.append = &appendSink{table: pc.Append.Table,
+				columns: c.columns(config.PipelineKey(i, "append", "columns"), pc.Append.Columns)}
 		}
 		s.pipelines = append(s.pipelines, p)
 		s.byTopic[p.topic] = append(s.byTopic[p.topic], p)
@@ -165,8 +175,11 @@ func Compile(cfg config.Config) (*Set, error) {
 // the order of the two pipelines' writes would be the order of the
 // pipelines, not of the records, and where a batch was cut would decide
 // which record's row is left (a tombstone of one deleting a later insert
-// of the other). Rollups may share a table: their merges commute (count
-// and sum add, min and max combine). The problem names the later
+// of the other). Rollups may share a table with rollups, appends with
+// appends: their writes commute (count and sum add, min and max combine;
+// appended rows are a set). An append and a rollup may not: the rollup's
+// unique key would refuse the appended row or not depending on which
+// came first. The problem names the later
 // pipeline's table key and the earlier pipeline.
 func (c *compiler) sharedTables(pls []*pipeline) {
 	first := map[string]*pipeline{}
@@ -177,12 +190,12 @@ func (c *compiler) sharedTables(pls []*pipeline) {
 			first[name] = p
 			continue
 		}
-		if p.upsert == nil && other.upsert == nil {
+		if (p.rollup != nil && other.rollup != nil) || (p.append != nil && other.append != nil) {
 			continue
 		}
 		c.ps = append(c.ps, config.Problem{Key: config.PipelineKey(p.index, p.sinkName(), "table"),
 			Reason: fmt.Sprintf("pipeline %s writes table %s, which pipeline %s (pipelines[%d]) writes too: "+
-				"two pipelines may share a table only when both are rollups (give each upsert a table of its own)",
+				"two pipelines may share a table only when both are rollups or both are appends (give this one a table of its own)",
 				p.name, sinkTable(p), other.name, other.index)})
 	}
 }

@@ -1,8 +1,8 @@
 // Package pipeline runs the pipelines declared in ratchet's configuration
 // (the pipelines: list) as one processor.Processor: it writes what the
-// records of a topic say into the user's own tables, either keeping the
-// latest row per key (upsert) or aggregating per group and time bucket
-// (rollup), without Go code.
+// records of a topic say into the user's own tables, keeping the latest
+// row per key (upsert), aggregating per group and time bucket (rollup) or
+// inserting one row per record (append), without Go code.
 //
 // Its moving parts:
 //
@@ -10,7 +10,9 @@
 //     expression compiled once, each problem a *config.Error line naming
 //     its key path (pipelines[1].rollup.aggregates.revenue), exit code 2.
 //     It refuses an upsert that shares its table with another pipeline
-//     (the two would apply in pipeline order, not offset order).
+//     (the two would apply in pipeline order, not offset order), and an
+//     append that shares one with a rollup; rollups may share with
+//     rollups, appends with appends.
 //   - Decoder (decode.go) turns a record value into what the expressions
 //     read as value: a JSON document into maps, lists, strings, int64,
 //     float64 and bools; a ratchet.v1.Event (format event) stays the
@@ -18,7 +20,7 @@
 //   - Check (schema.go) compares every pipeline with the database: the
 //     table and its columns exist and a unique constraint or primary key
 //     covers exactly the upsert key, or the rollup's group columns and
-//     bucket column. It also learns each column's type, which decides how
+//     bucket column (an append needs none). It also learns each column's type, which decides how
 //     the writes send its values (wire.go: typed arrays for the common
 //     types, text cast in the statement for the others).
 //   - toTime (times.go) reads every time a pipeline takes (a rollup's
@@ -37,7 +39,8 @@
 //     an upsert one delete and one upsert per rank, in rank order, so
 //     PostgreSQL judges every version as if applied one by one (and only
 //     a newer version replaces a row when upsert.version is set); a rollup
-//     one merge. Each statement also collapses its rows by PostgreSQL's
+//     one merge; an append one COPY in text format, sent at once
+//     (append.go). Each statement also collapses its rows by PostgreSQL's
 //     own equality, so ON CONFLICT never meets a row twice.
 //
 // The life of one record: the partition decodes it (Decoder); the batch

@@ -30,7 +30,7 @@ type Counters interface {
 	// pipeline does not delete on).
 	Records(pipeline, result string, n int)
 	// Rows counts rows sent to the table by operation: "upserted",
-	// "deleted" or "merged" (rollup rows).
+	// "deleted", "merged" (rollup rows) or "appended".
 	Rows(pipeline, op string, n int)
 }
 
@@ -78,6 +78,7 @@ type Processor struct {
 // columns travels (in the statement's column order).
 type statements struct {
 	upsert, delete string
+	copy           string // an append's COPY ... FROM STDIN
 	kinds          []wireKind
 	types          []string
 }
@@ -152,6 +153,13 @@ func buildStatements(pl *pipeline, t *table) *statements {
 			sel = append(sel, fmt.Sprintf("u.c%d", i))
 			dist = append(dist, fmt.Sprintf("u.c%d", i))
 		}
+	}
+	if a := pl.append; a != nil {
+		for _, c := range a.columns {
+			add(c.name)
+		}
+		st.copy = fmt.Sprintf("COPY %s (%s) FROM STDIN", ident, strings.Join(cols, ", "))
+		return st
 	}
 	if u := pl.upsert; u != nil {
 		for _, k := range u.key {
@@ -250,8 +258,11 @@ func equalityType(typ string) string {
 }
 
 func sinkTable(pl *pipeline) string {
-	if pl.upsert != nil {
+	switch {
+	case pl.upsert != nil:
 		return pl.upsert.table
+	case pl.append != nil:
+		return pl.append.table
 	}
 	return pl.rollup.table
 }
@@ -282,6 +293,7 @@ type batchState struct {
 	uRows                      []upsertRow    // in offset order
 	rollups                    map[string]int
 	rRows                      []rollupRow
+	aRows                      copyRows // an append's rows, in offset order
 	written, filtered, ignored int
 }
 
@@ -361,6 +373,9 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 			st.filtered++
 			return nil
 		}
+	}
+	if a := pl.append; a != nil {
+		return st.aRows.add(a.columns, sql, act, &st.written)
 	}
 	if u := pl.upsert; u != nil {
 		vals, key, err := evalColumns(u.key, sql, 0, act, make([]any, 0, len(u.key)+len(u.columns)))
@@ -536,6 +551,9 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 			return nil
 		}
 		return processor.ExecLastWrapped(ctx, tx, wrap, stmt, args...)
+	}
+	if pl.append != nil {
+		return p.copyRows(ctx, tx, st)
 	}
 	if pl.upsert != nil {
 		// Rank by rank: rank 1 is each key's first operation in the batch,

@@ -117,6 +117,10 @@ WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, *oid)
 				}
 			}
 		}
+		if p.append != nil { // inserts only: no key to cover
+			sc.tables[p.index] = t
+			continue
+		}
 		// Only an index ON CONFLICT can use counts: unique, on plain
 		// columns (no expression, no predicate), valid and ready (not a
 		// failed CREATE INDEX CONCURRENTLY), not deferrable (55000), and
@@ -301,8 +305,11 @@ func staticType(e *expr) *cel.Type {
 }
 
 func (p *pipeline) sinkName() string {
-	if p.rollup != nil {
+	switch {
+	case p.rollup != nil:
 		return "rollup"
+	case p.append != nil:
+		return "append"
 	}
 	return "upsert"
 }
@@ -329,6 +336,12 @@ func (p *pipeline) sinkShape() (string, []sinkColumn, []string) {
 		}
 		slices.Sort(unique)
 		return u.table, cols, unique
+	}
+	if a := p.append; a != nil {
+		for _, c := range a.columns {
+			cols = append(cols, sinkColumn{name: c.name, key: c.key, typ: sqlType(staticType(c)), out: staticType(c)})
+		}
+		return a.table, cols, nil
 	}
 	r := p.rollup
 	for _, g := range r.groupBy {
@@ -376,10 +389,23 @@ func sqlType(t *cel.Type) string {
 
 // createTable returns a CREATE TABLE statement that satisfies p: column
 // types guessed from the expressions' static types (text where the type
-// is only known per record), and the unique key as the primary key.
+// is only known per record), and the unique key as the primary key. An
+// append's table needs no key: its rows are only inserted.
 func (p *pipeline) createTable() string {
 	tname, cols, unique := p.sinkShape()
 	var b strings.Builder
+	if p.append != nil {
+		fmt.Fprintf(&b, "CREATE TABLE %s ( -- append: no key needed (rows are only inserted)\n", tname)
+		for i, c := range cols {
+			sep := ","
+			if i == len(cols)-1 {
+				sep = ""
+			}
+			fmt.Fprintf(&b, "  %s %s%s\n", c.name, c.typ, sep)
+		}
+		b.WriteString(");")
+		return b.String()
+	}
 	fmt.Fprintf(&b, "CREATE TABLE %s (\n", tname)
 	pk := make([]string, 0, len(cols))
 	for _, c := range cols {

@@ -23,6 +23,7 @@ func TestKillNinePipelineResultsAreAFunctionOfTheInput(t *testing.T) {
 	const partitions = 3
 	in := testenv.DeterminismStream(1500, partitions)
 	wantDocs, wantGroups, wantNewest, wantDead := testenv.DeterminismModel(in)
+	wantLog := testenv.DeterminismLogModel(in)
 	addr := testenv.MockKafka(t, partitions, topic, topic+".dlq")
 	dbURL := testenv.Postgres(t)
 	bin := buildBinary(t)
@@ -67,6 +68,11 @@ func TestKillNinePipelineResultsAreAFunctionOfTheInput(t *testing.T) {
 	}
 	if !slices.Equal(groups, wantGroups) {
 		t.Errorf("per_group:\ngot  %s\nwant %s", strings.Join(groups, "\n     "), strings.Join(wantGroups, "\n     "))
+	}
+	// The log is appended to exactly once: a kill between a COPY and its
+	// batch's commit leaves no row.
+	if log := testenv.DeterminismLogResult(t, pool); !slices.Equal(log, wantLog) {
+		t.Errorf("log:\ngot  %s\nwant %s", strings.Join(log, "\n     "), strings.Join(wantLog, "\n     "))
 	}
 	// The dead-letter topic is at-least-once (a kill between a dead
 	// letter and its batch's commit writes it again): compare the set.

@@ -97,6 +97,7 @@ type options struct {
 	onlyTracing bool
 	// The configured-pipelines section (pipelines.go).
 	onlyPipelines  bool
+	onlyAppend     bool
 	pipelineOrders int64
 	// The restart-after-kill section (killrestart.go).
 	onlyKill   bool
@@ -130,6 +131,7 @@ func run(ctx context.Context) error {
 	flag.BoolVar(&o.onlyExecMode, "only-exec-mode", false, "run the query exec mode section (h) alone on a -events backlog (the table then has its rows only)")
 	flag.BoolVar(&o.onlyTracing, "only-tracing", false, "run the tracing section (i) alone on a -events backlog (the table then has its rows only)")
 	flag.BoolVar(&o.onlyPipelines, "only-pipelines", false, "run the configured-pipelines section (j) alone on a -events backlog (the table then has its rows only)")
+	flag.BoolVar(&o.onlyAppend, "only-append", false, "run the append section (j2) alone on -pipeline-orders JSON orders (the table then has its rows only)")
 	flag.BoolVar(&o.onlyKill, "only-kill-restart", false, "run the restart-after-kill -9 section (k) alone (the table then has its rows only)")
 	flag.IntVar(&o.killCycles, "kill-cycles", 3, "kill -9 and restart cycles per contestant (k)")
 	flag.Float64Var(&o.killRate, "kill-rate", 1000, "events/s produced while the (k) workers are killed and restarted")
@@ -214,6 +216,12 @@ func run(ctx context.Context) error {
 		say("preloaded %d events to events in %s", o.events, d.Round(time.Millisecond))
 		rep.preload = append(rep.preload, fmt.Sprintf("%d events to `events` in %s", o.events, d.Round(time.Millisecond)))
 		if rep.pipelines, err = runPipelines(ctx, env, o.events, o.pipelineOrders, o.rounds, say); err != nil {
+			return err
+		}
+		return rep.write(began, say)
+	}
+	if o.onlyAppend {
+		if rep.appendSink, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, false, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -404,6 +412,11 @@ func run(ctx context.Context) error {
 	// 5d. Configured pipelines (issue 25): the dashboard as a pipeline
 	// against the built-in one, and upsert pipelines on JSON and Avro.
 	if rep.pipelines, err = runPipelines(ctx, env, o.events, o.pipelineOrders, o.rounds, say); err != nil {
+		return err
+	}
+	// 5d2. An append pipeline (COPY) against a direct pgx CopyFrom loop,
+	// on the JSON orders (j) preloaded.
+	if rep.appendSink, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, say); err != nil {
 		return err
 	}
 

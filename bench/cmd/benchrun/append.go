@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"ratchet/config"
+	"ratchet/engine"
+	"ratchet/internal/store"
+)
+
+// appendReport is the append section (j2): an append pipeline's drain of
+// the JSON orders against a direct pgx CopyFrom loop writing the same rows
+// with the same connections and rows per transaction.
+type appendReport struct {
+	orders int64
+	rounds []appendRound
+}
+
+type appendRound struct {
+	ratchet, direct drainResult
+}
+
+const appendTable = "bench_append"
+
+var appendColumns = []string{"part", "off", "order_id", "status", "customer", "amount", "at"}
+
+// appendPipeline appends every order of topic to appendTable.
+func appendPipeline(topic string) []config.Pipeline {
+	exprs := []string{"record.partition", "record.offset", "string(record.key)", "value.status", "value.customer.id", "value.amount", "record.timestamp"}
+	cols := make([]config.Column, len(exprs))
+	for i, e := range exprs {
+		cols[i] = config.Column{Name: appendColumns[i], Expr: e}
+	}
+	return []config.Pipeline{{Name: "order_log", Topic: topic, Format: config.PipelineJSON,
+		Append: &config.Append{Table: appendTable, Columns: cols}}}
+}
+
+// runAppend measures the section on the m JSON orders of orders-json
+// (preloaded first unless preloaded): rounds interleaved pairs of a
+// ratchet drain (exactly-once, fresh group) and a direct loop, the order
+// alternating; the first round's ratchet drain goes first and leaves the
+// rows the direct loop then writes in every round.
+func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloaded bool, say func(string, ...any)) (*appendReport, error) {
+	const topic = "orders-json"
+	if !preloaded {
+		start := time.Now()
+		if err := preloadOrders(ctx, env.brokers, topic, m, func(o benchOrder) ([]byte, error) { return json.Marshal(o) }); err != nil {
+			return nil, fmt.Errorf("preload %s: %w", topic, err)
+		}
+		say("preloaded %d json orders to %s in %s", m, topic, time.Since(start).Round(time.Millisecond))
+	}
+	if _, err := env.db.pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+appendTable+
+		" (part integer, off bigint, order_id text, status text, customer text, amount double precision, at timestamptz)"); err != nil {
+		return nil, err
+	}
+	cfg := env.config(env.brokers, topic, "bench-j2", config.ModeExactlyOnce)
+	conns := engine.DefaultPoolSize(12) // the engine's pool for the 12 partitions (postgres.max_conns 0)
+	perTx := cfg.Processing.BatchSize
+	count := func() (int64, error) {
+		var n int64
+		err := env.db.pool.QueryRow(ctx, "SELECT count(*) FROM "+appendTable).Scan(&n)
+		return n, err
+	}
+	var parts map[int32][][]any // the rows by partition, in offset order
+	drain := func(r int) (drainResult, error) {
+		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+appendTable); err != nil {
+			return drainResult{}, err
+		}
+		d, err := drainRatchet(ctx, env, topic, fmt.Sprintf("bench-j2-append-%d", r), config.ModeExactlyOnce, nil, m, "",
+			func(c *config.Config) { c.Pipelines = appendPipeline(topic) })
+		if err != nil {
+			return drainResult{}, fmt.Errorf("round %d (j2) append pipeline: %w", r, err)
+		}
+		if n, err := count(); err != nil || n != m {
+			return drainResult{}, fmt.Errorf("round %d (j2) append pipeline: %d rows in %s, want %d (%v)", r, n, appendTable, m, err)
+		}
+		say("round %d (j2) exactly-once append pipeline: %9.0f records/s (wall %s), %s", r, d.Rate(), d.Wall.Round(time.Millisecond), d.cpuLine())
+		if parts == nil {
+			rows, err := env.db.pool.Query(ctx, "SELECT "+strings.Join(appendColumns, ", ")+" FROM "+appendTable+" ORDER BY part, off")
+			if err != nil {
+				return drainResult{}, err
+			}
+			all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([]any, error) { return row.Values() })
+			if err != nil {
+				return drainResult{}, err
+			}
+			parts = map[int32][][]any{}
+			for _, v := range all {
+				p := v[0].(int32)
+				parts[p] = append(parts[p], v)
+			}
+		}
+		return d, nil
+	}
+	direct := func(r int) (drainResult, error) {
+		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+appendTable); err != nil {
+			return drainResult{}, err
+		}
+		pool, err := store.Open(ctx, cfg.Postgres.URL.Reveal(), int32(conns))
+		if err != nil {
+			return drainResult{}, err
+		}
+		defer pool.Close()
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make(chan error, len(parts))
+		for _, rows := range parts { // one writer per partition, as the engine's
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < len(rows); i += perTx {
+					chunk := rows[i:min(i+perTx, len(rows))]
+					err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						_, err := tx.CopyFrom(ctx, pgx.Identifier{appendTable}, appendColumns, pgx.CopyFromRows(chunk))
+						return err
+					})
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return drainResult{}, fmt.Errorf("round %d (j2) direct CopyFrom: %w", r, err)
+		}
+		d := drainResult{Events: m, Wall: time.Since(start), Steady: time.Since(start)}
+		if n, err := count(); err != nil || n != m {
+			return drainResult{}, fmt.Errorf("round %d (j2) direct CopyFrom: %d rows in %s, want %d (%v)", r, n, appendTable, m, err)
+		}
+		say("round %d (j2) direct pgx CopyFrom loop:   %9.0f records/s (wall %s)", r, d.Rate(), d.Wall.Round(time.Millisecond))
+		return d, nil
+	}
+	rep := &appendReport{orders: m}
+	for r := 1; r <= rounds; r++ {
+		var x appendRound
+		var err error
+		if r%2 == 1 {
+			if x.ratchet, err = drain(r); err == nil {
+				x.direct, err = direct(r)
+			}
+		} else {
+			if x.direct, err = direct(r); err == nil {
+				x.ratchet, err = drain(r)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		rep.rounds = append(rep.rounds, x)
+	}
+	return rep, nil
+}
+
+// rows adds the section's rows to the results table.
+func (s *appendReport) rows(row func(cells ...string)) {
+	if s == nil || len(s.rounds) == 0 {
+		return
+	}
+	series := func(f func(appendRound) float64, format string) (string, float64) {
+		var xs []float64
+		var parts []string
+		for _, r := range s.rounds {
+			xs = append(xs, f(r))
+			parts = append(parts, fmt.Sprintf(format, f(r)))
+		}
+		return strings.Join(parts, ", "), median(xs)
+	}
+	rs, v := series(func(r appendRound) float64 { return r.ratchet.Rate() }, "%.0f")
+	row(fmt.Sprintf("(j2) exactly-once append pipeline (COPY), %d JSON orders", s.orders), fmt.Sprintf("%.0f records/s (rounds: %s)", v, rs), "", "")
+	rs, v = series(func(r appendRound) float64 { return r.direct.Rate() }, "%.0f")
+	row("(j2) direct pgx CopyFrom loop, the same rows, connections and rows per transaction", fmt.Sprintf("%.0f records/s (rounds: %s)", v, rs), "", "")
+	rs, v = series(func(r appendRound) float64 { return r.ratchet.Rate() / r.direct.Rate() }, "%.2f")
+	row("(j2) append pipeline / direct CopyFrom", fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.8", passMiss(v >= 0.8))
+}
+
+// method says how the section is measured.
+func (s *appendReport) method() string {
+	if s == nil || len(s.rounds) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("- Append (j2): %d rounds, each an exactly-once drain (fresh group, records/s from the engine's start to the last record applied) of the %d JSON orders of `orders-json` by an append pipeline of seven columns (partition, offset, key, status, customer, amount, timestamp) into `%s`, and a direct loop writing the same rows (read back from the first drain) with pgx `CopyFrom`: one writer per partition (12), a pool of the engine's default size, the engine's rows per transaction (`processing.batch_size`), each batch in its own transaction; the order alternates between rounds, the row count is checked after each, and the median is reported. The direct loop reads no Kafka and evaluates no CEL: the ratio is what the pipeline costs over the COPY alone.\n",
+		len(s.rounds), s.orders, appendTable)
+}
