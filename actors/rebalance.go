@@ -19,18 +19,20 @@ func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
 	// Close is abandoned at the stop's deadline the poll loop goes on with
 	// the supervisor's state. callbacks keeps the two apart.
 	s.callbacks.Lock()
-	defer s.callbacks.Unlock()
 	if s.current.Load() != c {
 		// A consumer abandoned after a Close timeout: its callbacks must
-		// not touch the state of its successor.
+		// not touch the state of its successor, nor hold callbacks while
+		// librdkafka answers (which may be never).
+		s.callbacks.Unlock()
 		switch e := ev.(type) {
 		case kafka.AssignedPartitions:
-			_ = c.IncrementalAssign(e.Partitions)
+			_ = s.incrementalAssign(c, e.Partitions)
 		case kafka.RevokedPartitions:
-			_ = c.IncrementalUnassign(e.Partitions)
+			_ = s.incrementalUnassign(c, e.Partitions)
 		}
 		return nil
 	}
+	defer s.callbacks.Unlock()
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
 		s.assign(c, e.Partitions)
@@ -40,15 +42,38 @@ func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
 	return nil
 }
 
+// unlocked makes call, a librdkafka call that may block, without holding
+// callbacks: inside a Close it can wait for good (an incremental unassign
+// served while the client terminates: chaos seed 48), and the stop that
+// abandons that Close must still be able to retire c (closeConsumer). It
+// reports whether c still counts afterwards; when it does not, the
+// callback returns at once and touches nothing more of the supervisor's
+// state, which belongs to the poll loop again (and perhaps to c's
+// successor).
+func (s *Supervisor) unlocked(c *kafka.Consumer, call func() error) (still bool, err error) {
+	s.callbacks.Unlock()
+	err = call()
+	s.callbacks.Lock()
+	return s.current.Load() == c, err
+}
+
 // assign serves an assign callback: every call completes a rebalance (it
 // comes once per rebalance, with an empty list when nothing is added), so
 // it also tells the committer that the member has rejoined. While stopping,
 // the partitions are parked and whatever is still uncommitted is committed
 // here, the moment the group takes commits again (group.go).
 func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
-	defer s.board.phase.CompareAndSwap(int32(PhaseStarting), int32(PhaseRunning))
+	retired := false // c was retired during a librdkafka call (unlocked)
+	defer func() {
+		if !retired {
+			s.board.phase.CompareAndSwap(int32(PhaseStarting), int32(PhaseRunning))
+		}
+	}()
 	s.assignmentCame(time.Now()) // an empty assignment is an answer too
 	defer func() {
+		if retired {
+			return
+		}
 		s.rebalances++
 		if s.revoked {
 			// The assign that closes a cooperative revoke: librdkafka
@@ -61,8 +86,9 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.system.Root.Send(s.cfg.Committer, &Rejoined{})
 	}()
 	if s.stopping {
-		s.park(c, parts)
-		s.commitHeld()
+		if retired = !s.park(c, parts); !retired {
+			s.commitHeld()
+		}
 		return
 	}
 	ctx, cancel := s.claimCtx()
@@ -104,7 +130,12 @@ func (s *Supervisor) assign(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.cfg.Logger.Info("partition assigned", "topic", tp.Topic, "partition", tp.Partition,
 			"offset", st.start, "epoch", claimEpoch(st.claim))
 	}
-	if err := c.IncrementalAssign(list); err != nil {
+	still, err := s.unlocked(c, func() error { return s.incrementalAssign(c, list) })
+	if !still {
+		retired = true
+		return
+	}
+	if err != nil {
 		s.cfg.Logger.Error("incremental assign", "err", err)
 	}
 	if len(held) > 0 {
@@ -275,7 +306,13 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	span.Bool("ratchet.assignment_lost", lost)
 	outer := s.trace
 	s.trace = span
-	defer func() { span.End(nil); s.trace = outer }()
+	retired := false // c was retired during a librdkafka call (unlocked)
+	defer func() {
+		span.End(nil)
+		if !retired {
+			s.trace = outer
+		}
+	}()
 	s.revoked = true
 	tps := make([]TopicPartition, 0, len(parts))
 	var wasHeld []kafka.TopicPartition
@@ -322,7 +359,12 @@ func (s *Supervisor) revoke(c *kafka.Consumer, parts []kafka.TopicPartition) {
 			s.cfg.Logger.Warn("resume held partitions before giving them up", "partitions", len(wasHeld), "err", err)
 		}
 	}
-	if err := c.IncrementalUnassign(parts); err != nil {
+	still, err := s.unlocked(c, func() error { return s.incrementalUnassign(c, parts) })
+	if !still {
+		retired = true
+		return
+	}
+	if err != nil {
 		s.cfg.Logger.Error("incremental unassign", "err", err)
 	}
 	if !s.stopping && (lost || len(s.parts)+len(s.unclaimed) == 0) {
@@ -376,13 +418,18 @@ func (s *Supervisor) commitRevoked(tps []TopicPartition, deadline time.Time) {
 // protocol wants them assigned, and nothing of them is consumed. A partition
 // this instance applied records of before its assignment was lost gets
 // that position committed, if Kafka's is behind it (group.go, point 4).
-func (s *Supervisor) park(c *kafka.Consumer, parts []kafka.TopicPartition) {
+// It reports whether c still counts (unlocked).
+func (s *Supervisor) park(c *kafka.Consumer, parts []kafka.TopicPartition) bool {
 	if len(parts) == 0 {
-		return
+		return true
 	}
-	if err := c.IncrementalAssign(parts); err != nil {
+	still, err := s.unlocked(c, func() error { return s.incrementalAssign(c, parts) })
+	if !still {
+		return false
+	}
+	if err != nil {
 		s.cfg.Logger.Error("incremental assign", "err", err)
-		return
+		return true
 	}
 	if err := c.Pause(parts); err != nil {
 		s.cfg.Logger.Warn("pause parked partitions", "err", err)
@@ -397,11 +444,11 @@ func (s *Supervisor) park(c *kafka.Consumer, parts []kafka.TopicPartition) {
 	}
 	s.cfg.Logger.Info("partitions assigned while stopping; not consuming them", "partitions", len(parts))
 	if len(back) == 0 {
-		return
+		return true
 	}
 	res, err := c.Committed(back, int(max(time.Until(s.deadline), time.Millisecond)/time.Millisecond))
 	if err != nil {
-		return
+		return true
 	}
 	for _, r := range res {
 		tp := TopicPartition{Topic: *r.Topic, Partition: r.Partition}
@@ -417,4 +464,5 @@ func (s *Supervisor) park(c *kafka.Consumer, parts []kafka.TopicPartition) {
 		s.cfg.Logger.Info("partition came back while stopping; committing what this instance applied before losing it",
 			"topic", tp.Topic, "partition", tp.Partition, "offset", applied, "kafka_committed", int64(r.Offset))
 	}
+	return true
 }

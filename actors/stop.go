@@ -536,13 +536,29 @@ func (s *Supervisor) closeConsumer(deadline time.Time) {
 	} else {
 		s.cfg.Logger.Error("close consumer timed out; abandoning it", "timeout", time.Since(began).Round(time.Millisecond).String())
 	}
-	// A callback still running inside the abandoned Close ends by the
-	// stop's deadline; after this, callbacks of c touch nothing.
-	s.callbacks.Lock()
-	s.current.Store(nil)
-	s.callbacks.Unlock()
+	s.retire(keep)
 	s.consumer = nil
 	s.cfg.OnConsumer(nil)
+}
+
+// retire makes the callbacks of the consumer being closed touch nothing
+// from now on. A callback still running inside an abandoned Close holds
+// callbacks only between librdkafka calls (unlocked), for waits bounded by
+// the stop's deadline, so the lock comes within keep of now; should it
+// not, the consumer is retired without it: the callback, still counting on
+// the lock, finds the consumer retired after its next librdkafka call, and
+// gives the lock back when it ends.
+func (s *Supervisor) retire(keep time.Duration) {
+	locked := make(chan struct{})
+	go func() { s.callbacks.Lock(); close(locked) }() // ends when the callback gives the lock back
+	if s.await(locked, time.Now().Add(keep), keep/2) {
+		s.current.Store(nil)
+		s.callbacks.Unlock()
+		return
+	}
+	s.current.Store(nil)
+	s.cfg.Logger.Error("a rebalance callback of the abandoned consumer still holds the supervisor; going on without it")
+	go func() { <-locked; s.callbacks.Unlock() }()
 }
 
 func maxTime(a, b time.Time) time.Time {

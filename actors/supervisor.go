@@ -121,8 +121,12 @@ type Supervisor struct {
 	current    atomic.Pointer[kafka.Consumer] // the consumer whose callbacks count
 	// callbacks is held by every rebalance callback, and by closeConsumer
 	// while it retires the consumer: an abandoned Close may still be
-	// running a callback on its own goroutine.
+	// running a callback on its own goroutine. A callback lets it go
+	// around the librdkafka calls that may block for good (unlocked).
 	callbacks sync.Mutex
+	// incrementalAssign and incrementalUnassign are the consumer's; a test
+	// holds one, as librdkafka can inside Close.
+	incrementalAssign, incrementalUnassign func(*kafka.Consumer, []kafka.TopicPartition) error
 	// groupCheck runs the idle check's metadata request; groupCheckBusy
 	// keeps it to one. idleSince is when this instance was last left with
 	// no partition (zero while it has some); idleWarned: warned since.
@@ -243,6 +247,9 @@ func NewSupervisor(system *actor.ActorSystem, cfg SupervisorConfig) *Supervisor 
 		lostApplied: make(map[TopicPartition]int64),
 		budget:      NewBudget(cfg.MemoryBudget),
 		unclaimed:   make(map[TopicPartition]*unclaimed),
+
+		incrementalAssign:   (*kafka.Consumer).IncrementalAssign,
+		incrementalUnassign: (*kafka.Consumer).IncrementalUnassign,
 	}
 }
 
