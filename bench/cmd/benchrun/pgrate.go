@@ -368,6 +368,7 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 	withRegistry := func(c *config.Config) { c.SchemaRegistry.URL = config.SecretURL(regURL) }
 
 	var rows map[int32]*pgRateRows // read back after the first JSON upsert drain
+	var fingerprint string         // of the rows every upsert run must leave
 	upsertDrain := func(r int, f string, prof string) (pgRun, error) {
 		table := "bench_pg_upsert_" + f
 		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+table); err != nil {
@@ -381,7 +382,7 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 		if err != nil {
 			return pgRun{}, fmt.Errorf("round %d (l) %s upsert pipeline: %w", r, f, err)
 		}
-		if err := checkPGRateRows(ctx, env, table, n); err != nil {
+		if err := checkPGRateRows(ctx, env, table, n, &fingerprint); err != nil {
 			return pgRun{}, fmt.Errorf("round %d (l) %s upsert pipeline: %w", r, f, err)
 		}
 		if rows == nil {
@@ -402,7 +403,7 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 		if err != nil {
 			return pgRun{}, fmt.Errorf("round %d (l) %s direct upsert: %w", r, f, err)
 		}
-		if err := checkPGRateRows(ctx, env, table, n); err != nil {
+		if err := checkPGRateRows(ctx, env, table, n, &fingerprint); err != nil {
 			return pgRun{}, fmt.Errorf("round %d (l) %s direct upsert: %w", r, f, err)
 		}
 		say("round %d (l) direct pgx upsert loop (%s rows, %d rows/tx): %9.0f records/s, CPU-s per 100k: loop %.2f, PostgreSQL %.2f (server-wide %.2f)",
@@ -501,11 +502,20 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 	return rep, profiles, nil
 }
 
-// checkPGRateRows checks that table holds one row per order.
-func checkPGRateRows(ctx context.Context, env *benchEnv, table string, n int64) error {
+// checkPGRateRows checks that table holds one row per order, and the same
+// rows as every table checked before it (the first upsert drain's rows are
+// checked against the orders produced when they are read back).
+func checkPGRateRows(ctx context.Context, env *benchEnv, table string, n int64, want *string) error {
 	var got int64
-	if err := env.db.pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&got); err != nil || got != n {
+	var sum string
+	if err := env.db.pool.QueryRow(ctx, "SELECT count(*), coalesce(md5(string_agg(concat_ws('|', "+strings.Join(pgRateColumns, ", ")+
+		"), ',' ORDER BY order_id)), '') FROM "+table).Scan(&got, &sum); err != nil || got != n {
 		return fmt.Errorf("%d rows in %s, want %d (%v)", got, table, n, err)
+	}
+	if *want == "" {
+		*want = sum
+	} else if sum != *want {
+		return fmt.Errorf("the rows in %s differ from those the first drain wrote (md5 %s, want %s)", table, sum, *want)
 	}
 	return nil
 }
@@ -529,6 +539,10 @@ func readPGRateRows(ctx context.Context, env *benchEnv, table string) (map[int32
 		i, err := strconv.ParseInt(strings.TrimPrefix(id, "o"), 10, 64)
 		if err != nil {
 			return nil, fmt.Errorf("order id %q: %w", id, err)
+		}
+		if o := makeOrder(i); o.Status != status || o.Amount != amount || o.Customer.ID != customer || o.Items != items {
+			return nil, fmt.Errorf("%s: row %s is (%s, %v, %s, %d), the order it was produced from (%s, %v, %s, %d)", table, id,
+				status, amount, customer, items, o.Status, o.Amount, o.Customer.ID, o.Items)
 		}
 		p := int32(i % pgRatePartitions)
 		if out[p] == nil {
@@ -828,10 +842,11 @@ type pgBackendSampler struct {
 	done  chan float64
 	first map[int]float64
 	last  map[int]float64
+	other map[int]bool // processes seen that are not the database's backends
 }
 
 func startPGBackendSampler(db string, interval time.Duration) *pgBackendSampler {
-	s := &pgBackendSampler{db: db, stop: make(chan struct{}), done: make(chan float64, 1), first: map[int]float64{}, last: map[int]float64{}}
+	s := &pgBackendSampler{db: db, stop: make(chan struct{}), done: make(chan float64, 1), first: map[int]float64{}, last: map[int]float64{}, other: map[int]bool{}}
 	s.sample(true)
 	go func() { // ends when stopped
 		t := time.NewTicker(interval)
@@ -864,16 +879,24 @@ func (s *pgBackendSampler) sample(start bool) {
 	}
 	for _, name := range names {
 		pid, err := strconv.Atoi(name)
-		if err != nil {
+		if err != nil || s.other[pid] {
 			continue
 		}
 		comm, f, ok := procStat(pid)
-		if !ok || comm != "postgres" {
+		if !ok {
+			continue
+		}
+		if comm != "postgres" {
+			s.other[pid] = true
 			continue
 		}
 		if _, known := s.first[pid]; !known {
 			cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if err != nil || !slices.Contains(strings.Fields(strings.ReplaceAll(string(cmd), "\x00", " ")), s.db) {
+			if err != nil {
+				continue
+			}
+			if !slices.Contains(strings.Fields(strings.ReplaceAll(string(cmd), "\x00", " ")), s.db) {
+				s.other[pid] = true
 				continue
 			}
 		}
