@@ -755,12 +755,7 @@ func (s *pgRateReport) method() string {
 // its postmaster's cutime/cstime, so the difference of two readings counts
 // it once.
 func postgresTicks() float64 {
-	type proc struct {
-		ppid  int
-		ticks float64 // utime + stime
-		reap  float64 // cutime + cstime
-	}
-	procs := map[int]proc{}
+	procs := map[int]pgProc{}
 	ents, err := readDirNames("/proc")
 	if err != nil {
 		return 0
@@ -779,20 +774,35 @@ func postgresTicks() float64 {
 		s, _ := strconv.ParseFloat(f[12], 64)
 		cu, _ := strconv.ParseFloat(f[13], 64)
 		cs, _ := strconv.ParseFloat(f[14], 64)
-		procs[pid] = proc{ppid: ppid, ticks: u + s, reap: cu + cs}
+		procs[pid] = pgProc{ppid: ppid, ticks: u + s, reaped: cu + cs}
 	}
+	return sumPostgres(procs)
+}
+
+// pgProc is one `postgres` process's CPU time, in clock ticks.
+type pgProc struct {
+	ppid   int
+	ticks  float64 // utime + stime
+	reaped float64 // cutime + cstime: its ended children's
+}
+
+// sumPostgres adds up the server's CPU time: each process whose parent is
+// not a `postgres` process is a postmaster and counts with its ended
+// children; the others count their own time.
+func sumPostgres(procs map[int]pgProc) float64 {
 	var sum float64
 	for _, p := range procs {
 		if _, child := procs[p.ppid]; child {
 			sum += p.ticks
-		} else { // a postmaster
-			sum += p.ticks + p.reap
+		} else {
+			sum += p.ticks + p.reaped
 		}
 	}
 	return sum
 }
 
-// ticksToSeconds turns clock ticks into seconds (USER_HZ is 100 on Linux).
+// ticksToSeconds turns clock ticks into seconds (USER_HZ, the unit of
+// /proc/<pid>/stat, is 100 on Linux whatever the kernel's HZ).
 func ticksToSeconds(t float64) float64 { return t / 100 }
 
 // readDirNames lists the names in dir.
@@ -816,7 +826,12 @@ func procStat(pid int) (comm string, fields []string, ok bool) {
 	if err != nil {
 		return "", nil, false
 	}
-	s := string(b)
+	return parseProcStat(string(b))
+}
+
+// parseProcStat splits a /proc/<pid>/stat line: the command name may hold
+// spaces and parentheses, so the fields start after the last ')'.
+func parseProcStat(s string) (comm string, fields []string, ok bool) {
 	open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
 	if open < 0 || close < open {
 		return "", nil, false
