@@ -491,13 +491,17 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 		rep.txRates = append(rep.txRates, run.Rate())
 	}
 	var profiles []string
-	if ratio := rep.median(func(x pgRateRound) float64 { return x.upsert["json"].ratchet.Rate() / x.upsert["json"].base.Rate() }); profile || ratio < 0.8 {
-		p := env.outPath("cpu-pg-rate-json-upsert.pprof")
-		if _, err := upsertDrain(0, "json", p); err != nil {
+	for _, f := range pgRateUpsertFormats {
+		ratio := rep.median(func(x pgRateRound) float64 { return x.upsert[f].ratchet.Rate() / x.upsert[f].base.Rate() })
+		if !profile && ratio >= 0.8 {
+			continue
+		}
+		p := env.outPath("cpu-pg-rate-" + f + "-upsert.pprof")
+		if _, err := upsertDrain(0, f, p); err != nil {
 			return nil, nil, err
 		}
-		profiles = append(profiles, profileTop("(l) exactly-once JSON upsert pipeline", p))
-		say("profiled (l) JSON upsert: %s", p)
+		profiles = append(profiles, profileTop("(l) exactly-once "+f+" upsert pipeline", p))
+		say("profiled (l) %s upsert: %s", f, p)
 	}
 	return rep, profiles, nil
 }
