@@ -482,6 +482,8 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 		}
 		rep.rounds = append(rep.rounds, x)
 	}
+	// The runs after the rounds (other rows per transaction, profiles) are
+	// logged as round 0.
 	for _, size := range txSizes {
 		run, err := direct(0, "json", size)
 		if err != nil {
