@@ -103,6 +103,10 @@ type options struct {
 	onlyKill   bool
 	killCycles int
 	killRate   float64
+	// The PostgreSQL-rate section (pgrate.go).
+	onlyPGRate    bool
+	pgRateRecords int64
+	pgRateTx      string
 }
 
 func run(ctx context.Context) error {
@@ -135,6 +139,9 @@ func run(ctx context.Context) error {
 	flag.BoolVar(&o.onlyKill, "only-kill-restart", false, "run the restart-after-kill -9 section (k) alone (the table then has its rows only)")
 	flag.IntVar(&o.killCycles, "kill-cycles", 3, "kill -9 and restart cycles per contestant (k)")
 	flag.Float64Var(&o.killRate, "kill-rate", 1000, "events/s produced while the (k) workers are killed and restarted")
+	flag.BoolVar(&o.onlyPGRate, "only-pg-rate", false, "run the PostgreSQL-rate section (l) alone on -pg-rate-records orders per format (the table then has its rows only)")
+	flag.Int64Var(&o.pgRateRecords, "pg-rate-records", 200_000, "orders per format of the PostgreSQL-rate section (l)")
+	flag.StringVar(&o.pgRateTx, "pg-rate-tx", "", "rows per transaction at which (l) runs its direct JSON upsert loop once more, e.g. 500,2000,5000 (empty: none)")
 	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (j)")
 	flag.Parse()
 	if o.command == "" {
@@ -164,6 +171,7 @@ func run(ctx context.Context) error {
 	topics = append(topics, rwTopics...)
 	topics = append(topics, pipelineTopics...)
 	topics = append(topics, killTopics...)
+	topics = append(topics, pgRateTopics...)
 	brokerLog, err := os.Create(filepath.Join(o.outDir, "broker.log"))
 	if err != nil {
 		return err
@@ -186,7 +194,7 @@ func run(ctx context.Context) error {
 		maxBuffered: o.maxBuffered, brokerPID: b.cmd.Process.Pid}
 
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	scaleParts, err := parseCounts(o.scaleParts)
+	scaleParts, err := parseCounts("-scale-partitions", o.scaleParts)
 	if err != nil {
 		return err
 	}
@@ -218,6 +226,20 @@ func run(ctx context.Context) error {
 		if rep.pipelines, err = runPipelines(ctx, env, o.events, o.pipelineOrders, o.rounds, say); err != nil {
 			return err
 		}
+		return rep.write(began, say)
+	}
+	var pgRateTx []int
+	if o.pgRateTx != "" {
+		if pgRateTx, err = parseCounts("-pg-rate-tx", o.pgRateTx); err != nil {
+			return err
+		}
+	}
+	if o.onlyPGRate {
+		var profiles []string
+		if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, pgRateTx, o.forceProfile, say); err != nil {
+			return err
+		}
+		rep.profiles = append(rep.profiles, profiles...)
 		return rep.write(began, say)
 	}
 	if o.onlyAppend {
@@ -420,6 +442,16 @@ func run(ctx context.Context) error {
 		return err
 	}
 
+	// 5d3. Against PostgreSQL's own rate (issue 33): upsert pipelines
+	// against a direct pgx loop, rollups against a bare Poll loop.
+	{
+		var profiles []string
+		if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, pgRateTx, o.forceProfile, say); err != nil {
+			return err
+		}
+		rep.profiles = append(rep.profiles, profiles...)
+	}
+
 	// 5e. Restart after kill -9 (issue 32), with and without
 	// kafka.instance_id.
 	if rep.kill, err = runKillRestart(ctx, env, o.killRate, o.killCycles, say); err != nil {
@@ -524,17 +556,17 @@ func runScale(ctx context.Context, env *benchEnv, o options, parts []int, say fu
 }
 
 // parseCounts parses a comma-separated list of positive integers.
-func parseCounts(s string) ([]int, error) {
+func parseCounts(name, s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		var n int
 		if _, err := fmt.Sscanf(strings.TrimSpace(f), "%d", &n); err != nil || n <= 0 {
-			return nil, fmt.Errorf("-scale-partitions: %q is not a positive integer", f)
+			return nil, fmt.Errorf("%s: %q is not a positive integer", name, f)
 		}
 		out = append(out, n)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("-scale-partitions: empty")
+		return nil, fmt.Errorf("%s: empty", name)
 	}
 	return out, nil
 }

@@ -1,0 +1,37 @@
+package main
+
+import "testing"
+
+func TestParseProcStatCommWithSpacesAndParens(t *testing.T) {
+	line := "4242 (postgres: a) b) S 17 4242 4242 0 -1 4194560 100 0 0 0 31 7 5 3 20 0 1 0 100 1000 10\n"
+	comm, f, ok := parseProcStat(line)
+	if !ok || comm != "postgres: a) b" {
+		t.Fatalf("comm %q, ok %v", comm, ok)
+	}
+	if f[0] != "S" || f[1] != "17" || f[11] != "31" || f[12] != "7" || f[13] != "5" || f[14] != "3" {
+		t.Fatalf("fields %q: want state S, ppid 17, utime 31, stime 7, cutime 5, cstime 3", f)
+	}
+	if _, _, ok := parseProcStat("4242 (short) S 1 2"); ok {
+		t.Fatal("a line with too few fields parsed")
+	}
+}
+
+// A backend that ends between two readings moves from its own line into its
+// postmaster's reaped time: the difference of the two sums counts the CPU
+// it used in between once, and a backend born and ended in between fully.
+func TestSumPostgresCountsAnEndedBackendOnce(t *testing.T) {
+	before := map[int]pgProc{
+		100: {ppid: 1, ticks: 50, reaped: 20}, // postmaster
+		101: {ppid: 100, ticks: 10},           // checkpointer
+		200: {ppid: 100, ticks: 7},            // backend, ends at 9
+	}
+	after := map[int]pgProc{
+		100: {ppid: 1, ticks: 51, reaped: 20 + 9 + 4}, // + the backend, + one born and ended (4)
+		101: {ppid: 100, ticks: 12},
+		300: {ppid: 100, ticks: 5}, // a new backend
+	}
+	got := sumPostgres(after) - sumPostgres(before)
+	if want := 1.0 + 2 + (9 - 7) + 4 + 5; got != want {
+		t.Fatalf("server CPU between the readings: %v ticks, want %v", got, want)
+	}
+}
