@@ -99,14 +99,12 @@ func (s *scanner) object(t *fieldTree) (map[string]any, bool) {
 		}
 		s.i++
 		s.space()
-		var name string
 		var kid *fieldTree
 		if plain {
 			kid = t.kids[string(raw[1:len(raw)-1])] // no allocation
 		} else {
-			// Escapes or invalid UTF-8: the key is what encoding/json
-			// makes of it (U+FFFD for bad bytes and lone surrogates).
-			if err := json.Unmarshal(raw, &name); err != nil {
+			name, ok := unquote(raw)
+			if !ok {
 				return nil, false
 			}
 			kid = t.kids[name]
@@ -116,9 +114,6 @@ func (s *scanner) object(t *fieldTree) (map[string]any, bool) {
 				return nil, false
 			}
 		} else {
-			if plain {
-				name = string(raw[1 : len(raw)-1])
-			}
 			var v any
 			if !kid.whole && s.i < len(s.b) && s.b[s.i] == '{' {
 				if v, ok = s.object(kid); !ok {
@@ -133,7 +128,7 @@ func (s *scanner) object(t *fieldTree) (map[string]any, bool) {
 					return nil, false
 				}
 			}
-			m[name] = v // a later duplicate replaces it, as in encoding/json
+			m[kid.name] = v // a later duplicate replaces it, as in encoding/json
 		}
 		s.space()
 		if s.i >= len(s.b) {
@@ -349,11 +344,7 @@ func wholeValue(raw []byte) (any, bool) {
 		if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
 			return string(raw[1 : len(raw)-1]), true
 		}
-		var v string
-		if err := json.Unmarshal(raw, &v); err != nil {
-			return nil, false
-		}
-		return v, true
+		return unquote(raw)
 	case c == 't':
 		return true, true
 	case c == 'f':
@@ -374,4 +365,14 @@ func wholeValue(raw []byte) (any, bool) {
 	}
 	v, err := numberOf(unsafe.String(&raw[0], len(raw)))
 	return v, err == nil
+}
+
+// unquote is the text of a JSON string with escapes or invalid UTF-8 as
+// encoding/json makes it (U+FFFD for bad bytes and lone surrogates).
+func unquote(raw []byte) (string, bool) {
+	var v string
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return "", false
+	}
+	return v, true
 }

@@ -20,6 +20,9 @@ import (
 type fieldTree struct {
 	whole bool
 	kids  map[string]*fieldTree
+	// name is the node's key in its parent's kids, which the decoder
+	// stores in the maps it builds instead of a copy of the document's.
+	name string
 }
 
 // add marks path read whole; a nil path is the whole value. A path below
@@ -35,7 +38,7 @@ func (t *fieldTree) add(path []string) {
 		}
 		k := n.kids[name]
 		if k == nil {
-			k = &fieldTree{}
+			k = &fieldTree{name: name}
 			n.kids[name] = k
 		}
 		n = k
