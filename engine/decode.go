@@ -93,7 +93,7 @@ func newDecoders(cfg config.Config, opts Options, pipelines *pipeline.Set, m *me
 		switch {
 		case piped && pformat == config.PipelineJSON:
 			framed := cfg.SchemaRegistry.URL != ""
-			return &counted{dec: pipeline.JSONDecoder{Framed: framed}, counts: newCounts(m, topic, "json-any")}
+			return &counted{dec: pipelines.JSONDecoder(topic, framed), counts: newCounts(m, topic, "json-any")}
 		case piped && reg != nil && (pformat == config.PipelineAvro || pformat == config.PipelineProtobuf):
 			typ := schemareg.TypeAvro
 			if pformat == config.PipelineProtobuf {

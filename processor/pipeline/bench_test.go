@@ -129,3 +129,120 @@ func BenchmarkCollectDashboard(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDecodeEvaluate is the cost per record of decoding a JSON order
+// and evaluating the issue's two pipelines on it (benchYAML), with the
+// full decoder (DecodeJSON, every field) and with the topic's decoder
+// (Set.JSONDecoder, only the fields the expressions read). The order is
+// the one of BenchmarkCollect (every field read), or wide: the same with
+// the fields an order carries that the pipelines do not read (items, an
+// address, notes).
+func BenchmarkDecodeEvaluate(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "ratchet.yaml")
+	if err := os.WriteFile(path, []byte(benchYAML), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := Compile(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := New(set, &Schema{tables: map[int]*table{}}, nil)
+	docs := map[string]func(i int) string{
+		"order": func(i int) string {
+			return fmt.Sprintf(`{"status":"new","amount":%d.25,"ts":"2026-12-01T09:%02d:00Z","customer":{"id":"c%d","country":"c%d"}}`,
+				i%100, i%60, i%97, i%7)
+		},
+		"wide": func(i int) string {
+			return fmt.Sprintf(`{"id":"o%d","status":"new","amount":%d.25,"currency":"EUR","ts":"2026-12-01T09:%02d:00Z",`+
+				`"customer":{"id":"c%d","country":"c%d","name":"Customer %d","email":"c%d@example.com","tier":"gold"},`+
+				`"items":[{"sku":"s1","qty":2,"price":10.5},{"sku":"s2","qty":1,"price":%d.75},{"sku":"s3","qty":3,"price":1.25}],`+
+				`"shipping":{"street":"1 Rue de la Paix","city":"Paris","zip":"75002","country":"FR"},`+
+				`"notes":"leave at the door \u00e9","tags":["web","promo"],"version":%d}`,
+				i, i%100, i%60, i%97, i%7, i, i, i%50, i)
+		},
+	}
+	for _, doc := range []string{"order", "wide"} {
+		values := make([][]byte, 1000)
+		for i := range values {
+			values[i] = []byte(docs[doc](i))
+		}
+		for _, dec := range []struct {
+			name string
+			d    JSONDecoder
+		}{{"full", JSONDecoder{}}, {"partial", set.JSONDecoder("orders", false)}} {
+			b.Run(doc+"/"+dec.name, func(b *testing.B) {
+				pls := set.byTopic["orders"]
+				states := make([]*batchState, len(pls))
+				reset := func() {
+					for i, pl := range pls {
+						states[i] = &batchState{pl: pl, upserts: map[string]int{}, rollups: map[string]int{}}
+					}
+				}
+				reset()
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					rec := processor.Record{Topic: "orders", Offset: int64(i), Key: fmt.Appendf(nil, "o%d", i%300),
+						Value: values[i%len(values)], Timestamp: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+					if err := dec.d.DecodeRecord(&rec); err != nil {
+						b.Fatal(err)
+					}
+					act, err := activation(context.Background(), &rec, "json", set.adapter)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, st := range states {
+						if err := p.collect(st, &rec, act); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if i++; i%len(values) == 0 {
+						reset() // a batch of 1000
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkDecode is the decode alone of BenchmarkDecodeEvaluate's wide
+// order: the full decoder, and the topic's decoder of benchYAML (which
+// reads status, amount, ts, customer.id and customer.country).
+func BenchmarkDecode(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "ratchet.yaml")
+	if err := os.WriteFile(path, []byte(benchYAML), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := Compile(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	value := []byte(`{"id":"o1","status":"new","amount":12.25,"currency":"EUR","ts":"2026-12-01T09:01:00Z",` +
+		`"customer":{"id":"c1","country":"c1","name":"Customer 1","email":"c1@example.com","tier":"gold"},` +
+		`"items":[{"sku":"s1","qty":2,"price":10.5},{"sku":"s2","qty":1,"price":1.75},{"sku":"s3","qty":3,"price":1.25}],` +
+		`"shipping":{"street":"1 Rue de la Paix","city":"Paris","zip":"75002","country":"FR"},` +
+		`"notes":"leave at the door \u00e9","tags":["web","promo"],"version":1}`)
+	for _, dec := range []struct {
+		name string
+		d    JSONDecoder
+	}{{"full", JSONDecoder{}}, {"partial", set.JSONDecoder("orders", false)}} {
+		b.Run(dec.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(value)))
+			for b.Loop() {
+				rec := processor.Record{Value: value}
+				if err := dec.d.DecodeRecord(&rec); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

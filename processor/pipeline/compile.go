@@ -34,6 +34,9 @@ type Set struct {
 	formats map[string]string
 	// adapter converts Go values to CEL values (the environment's).
 	adapter types.Adapter
+	// reads is, per topic, what the expressions of its pipelines read of
+	// value (reads.go): its JSON decoder builds only that.
+	reads map[string]*fieldTree
 }
 
 // pipeline is one compiled pipeline.
@@ -140,9 +143,14 @@ func Compile(cfg config.Config) (*Set, error) {
 		return nil, fmt.Errorf("pipelines: CEL environment: %w", err)
 	}
 	c := &compiler{env: env, noValue: noValue}
-	s := &Set{byTopic: map[string][]*pipeline{}, formats: map[string]string{}, adapter: env.CELTypeAdapter()}
+	s := &Set{byTopic: map[string][]*pipeline{}, formats: map[string]string{}, adapter: env.CELTypeAdapter(),
+		reads: map[string]*fieldTree{}}
 	for i, pc := range cfg.Pipelines {
 		p := &pipeline{index: i, name: pc.Name, topic: pc.Topic, format: pc.Format}
+		if s.reads[pc.Topic] == nil {
+			s.reads[pc.Topic] = &fieldTree{}
+		}
+		c.reads = s.reads[pc.Topic]
 		c.times, c.costLimit = boundsOf(pc), pc.Cost()
 		if pc.Where != "" {
 			p.where = c.compile(config.PipelineKey(i, "where"), pc.Where, "")
@@ -214,6 +222,9 @@ type compiler struct {
 	// times and costLimit are those of the pipeline being compiled.
 	times     timeBounds
 	costLimit uint64
+	// reads gathers what the expressions of the topic being compiled
+	// read of value.
+	reads *fieldTree
 }
 
 func (c *compiler) bad(key, value, allowed string) {
@@ -263,6 +274,9 @@ func (c *compiler) compile(key, src, column string) *expr {
 	if err != nil {
 		c.ps = append(c.ps, config.Problem{Key: key, Reason: "CEL program: " + oneLine(err.Error())})
 		return nil
+	}
+	if c.reads != nil {
+		readsOf(ast.NativeRep().Expr(), c.reads)
 	}
 	e := &expr{key: key, src: src, prg: prg, out: ast.OutputType(), name: column, times: c.times, costLimit: limit, bounded: bounded}
 	if fieldPath.MatchString(src) {

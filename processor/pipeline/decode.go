@@ -25,6 +25,18 @@ type JSONDecoder struct {
 	// Framed says a schema registry is configured, so a leading zero byte
 	// is the wire format's magic byte.
 	Framed bool
+	// reads, when set, is what the expressions of the topic read of the
+	// value: only that is built (decodePartial), the rest of the document
+	// checked and skipped. Set.JSONDecoder sets it.
+	reads *fieldTree
+}
+
+// JSONDecoder returns the decoder of topic's values, whose pipelines have
+// format json: it builds only the fields their expressions read (all of
+// the document when one of them uses value as a whole), refusing exactly
+// what DecodeJSON refuses, with the same reasons.
+func (s *Set) JSONDecoder(topic string, framed bool) JSONDecoder {
+	return JSONDecoder{Framed: framed, reads: s.reads[topic]}
 }
 
 // DecodeRecord implements the engine's per-partition value decoder.
@@ -32,7 +44,13 @@ func (d JSONDecoder) DecodeRecord(rec *processor.Record) error {
 	if rec.Value == nil {
 		return nil // tombstone
 	}
-	v, err := DecodeJSON(rec.Value, d.Framed)
+	var v any
+	var err error
+	if d.reads != nil && !d.reads.whole {
+		v, err = decodePartial(rec.Value, d.Framed, d.reads)
+	} else {
+		v, err = DecodeJSON(rec.Value, d.Framed)
+	}
 	if err != nil {
 		return err
 	}
@@ -87,18 +105,27 @@ func numbers(p *any) error {
 			}
 		}
 	case json.Number:
-		s := string(x)
-		if !strings.ContainsAny(s, ".eE") {
-			if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-				*p = n
-				return nil
-			}
-		}
-		f, err := strconv.ParseFloat(s, 64)
+		n, err := numberOf(string(x))
 		if err != nil {
-			return errNumberRange
+			return err
 		}
-		*p = f
+		*p = n
 	}
 	return nil
+}
+
+// numberOf is the int64 or float64 of a JSON number: an int64 when it is
+// an integer that fits, else a float64; errNumberRange when no float64
+// holds it. It keeps no reference to s.
+func numberOf(s string) (any, error) {
+	if !strings.ContainsAny(s, ".eE") {
+		if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return n, nil
+		}
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return nil, errNumberRange
+	}
+	return f, nil
 }

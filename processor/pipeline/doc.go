@@ -16,7 +16,10 @@
 //   - Decoder (decode.go) turns a record value into what the expressions
 //     read as value: a JSON document into maps, lists, strings, int64,
 //     float64 and bools; a ratchet.v1.Event (format event) stays the
-//     message the topic's decoder made.
+//     message the topic's decoder made. Compile learns which fields of
+//     value the expressions of each topic read (reads.go), and the
+//     topic's JSON decoder builds only those (partial.go), refusing
+//     exactly what the full decode refuses.
 //   - Check (schema.go) compares every pipeline with the database: the
 //     table and its columns exist and a unique constraint or primary key
 //     covers exactly the upsert key, or the rollup's group columns and
