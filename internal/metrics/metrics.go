@@ -13,23 +13,23 @@ import (
 // Metrics are the series one engine updates. A nil *Metrics is not valid;
 // use New (tests use New(prometheus.NewRegistry())).
 type Metrics struct {
-	Records          *prometheus.CounterVec   // topic, partition
-	Batches          *prometheus.CounterVec   // topic, partition
-	BatchSeconds     *prometheus.HistogramVec // topic
-	EndToEndSeconds  *prometheus.HistogramVec // topic
-	Poison           *prometheus.CounterVec   // topic, reason
-	Retries          *prometheus.CounterVec   // class
-	DeadLetters      *prometheus.CounterVec   // topic
+	Records         *prometheus.CounterVec   // topic, partition
+	Batches         *prometheus.CounterVec   // topic, partition
+	BatchSeconds    *prometheus.HistogramVec // topic
+	EndToEndSeconds *prometheus.HistogramVec // topic
+	Poison          *prometheus.CounterVec   // topic, reason
+	Retries         *prometheus.CounterVec   // class
+	DeadLetters     *prometheus.CounterVec   // topic
 	// RejectedRecords counts records a processor took out of their batch
 	// (refused before any statement was sent) and dead-lettered with it;
 	// Bisections counts batches split in two to isolate a record only
 	// PostgreSQL refused (or one taken out when rejecting fell back).
-	RejectedRecords *prometheus.CounterVec // topic
-	Bisections      *prometheus.CounterVec // topic
-	Commits          *prometheus.CounterVec   // result
-	CommittedOffset  *prometheus.GaugeVec     // topic, partition
-	StoredOffset     *prometheus.GaugeVec     // topic, partition
-	Lag              *prometheus.GaugeVec     // topic, partition
+	RejectedRecords  *prometheus.CounterVec // topic
+	Bisections       *prometheus.CounterVec // topic
+	Commits          *prometheus.CounterVec // result
+	CommittedOffset  *prometheus.GaugeVec   // topic, partition
+	StoredOffset     *prometheus.GaugeVec   // topic, partition
+	Lag              *prometheus.GaugeVec   // topic, partition
 	Paused           prometheus.Gauge
 	Assigned         prometheus.Gauge
 	AssignmentWait   prometheus.Gauge       // seconds subscribed without an assignment (an empty one counts); 0 with one

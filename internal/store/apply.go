@@ -91,9 +91,7 @@ type Rejected struct {
 
 // rejectedOf matches what the processor rejected with b's records, in
 // offset order, and words each reason as ApplyWith words the error of a
-// batch that holds the record alone, as splitting b would cut it: from
-// the record's offset (b.Start for the first record) to the next record's
-// (b.Next for the last).
+// batch that holds the record alone (as splitting b would leave it).
 func rejectedOf(b processor.Batch, name string, marks []rejectMark) ([]Rejected, error) {
 	out := make([]Rejected, 0, len(marks))
 	last := int64(-1)
@@ -103,15 +101,8 @@ func rejectedOf(b processor.Batch, name string, marks []rejectMark) ([]Rejected,
 			return nil, fmt.Errorf("%s: rejected offset %d is not a record of the batch after %d", name, m.offset, last)
 		}
 		last = m.offset
-		start, next := b.Records[i].Offset, b.Next
-		if i == 0 {
-			start = b.Start
-		}
-		if i+1 < len(b.Records) {
-			next = b.Records[i+1].Offset
-		}
 		out = append(out, Rejected{Record: b.Records[i],
-			Err: fmt.Errorf("apply %s[%d] offsets %d..%d: %s: %w", b.Topic, b.Partition, start, next, name, m.err)})
+			Err: fmt.Errorf("apply %s[%d] offsets %d..%d: %s: %w", b.Topic, b.Partition, m.offset, m.offset+1, name, m.err)})
 	}
 	return out, nil
 }
@@ -129,7 +120,16 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 		if errors.As(err, &conflict) {
 			return err
 		}
-		return fmt.Errorf("apply %s[%d] offsets %d..%d: %w", b.Topic, b.Partition, b.Start, b.Next, err)
+		start, next := b.Start, b.Next
+		if len(b.Records) == 1 {
+			// A record alone (isolated by splitting) is named by its own
+			// offset, not by where its batch was cut (offsets a
+			// compaction or dead letters left out around it): its dead
+			// letter's text is the same whatever the batch boundaries.
+			start = b.Records[0].Offset
+			next = start + 1
+		}
+		return fmt.Errorf("apply %s[%d] offsets %d..%d: %w", b.Topic, b.Partition, start, next, err)
 	}
 	return nil
 }
