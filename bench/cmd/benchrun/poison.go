@@ -13,7 +13,7 @@ import (
 
 // poisonReport is the poison section (j3): the JSON upsert pipeline's
 // drain of orders of which 1 % are refused by ratchet itself (a conversion,
-// a missing field, a comparison of the wrong types: known before any
+// a missing field, a bool where a number is read: known before any
 // statement is sent), against the drain of the same orders all clean,
 // with the refused records taken out of their batches and, for reference,
 // isolated by splitting their batches (the path before).
@@ -37,7 +37,7 @@ func poisoned(i int64) bool { return i%101 == 50 }
 
 // poisonOrder encodes order i of the poisoned topic: a poisoned one is
 // refused by the order pipeline, in turn for an amount double() cannot
-// read, a customer without an id, and a status that is not a string.
+// read, a customer without an id, and an amount that is a bool.
 func poisonOrder(i int64, o benchOrder) ([]byte, error) {
 	if !poisoned(i) {
 		return json.Marshal(o)
@@ -48,7 +48,7 @@ func poisonOrder(i int64, o benchOrder) ([]byte, error) {
 	case 1:
 		return fmt.Appendf(nil, `{"status": %q, "amount": %v, "customer": {"country": %q}}`, o.Status, o.Amount, o.Customer.Country), nil
 	}
-	return fmt.Appendf(nil, `{"status": 7, "amount": %v, "customer": {"id": %q, "country": %q}}`, o.Amount, o.Customer.ID, o.Customer.Country), nil
+	return fmt.Appendf(nil, `{"status": %q, "amount": true, "customer": {"id": %q, "country": %q}}`, o.Status, o.Customer.ID, o.Customer.Country), nil
 }
 
 // runPoison measures the section on m orders per topic: rounds of three
@@ -187,6 +187,6 @@ func (s *poisonReport) method() string {
 	if s == nil || len(s.rounds) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("- Poison (j3): %d rounds, each three exactly-once drains (fresh groups) by the JSON order upsert pipeline (j) into `%s`: the %d orders of `orders-clean`, and the same orders in `orders-poison` where one in 101 (%d) is refused by the pipeline before any statement is sent (an amount `double()` cannot read, a customer without an id, a status that is not a string), once taken out of their batches and once isolated by splitting the batches (`engine.Options.RejectWait` < 0, the path before); the order rotates between rounds, the table and the dead letters are checked after each, records/s counts every record read (applied or dead-lettered) from the first to the last, and the median is reported.\n",
+	return fmt.Sprintf("- Poison (j3): %d rounds, each three exactly-once drains (fresh groups) by the JSON order upsert pipeline (j) into `%s`: the %d orders of `orders-clean`, and the same orders in `orders-poison` where one in 101 (%d) is refused by the pipeline before any statement is sent (an amount `double()` cannot read, a customer without an id, an amount that is a bool), once taken out of their batches and once isolated by splitting the batches (`engine.Options.RejectWait` < 0, the path before); the order rotates between rounds, the table and the dead letters are checked after each, records/s counts every record read (applied or dead-lettered) from the first to the last, and the median is reported.\n",
 		len(s.rounds), poisonTable, s.orders, s.poison)
 }
