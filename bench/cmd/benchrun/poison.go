@@ -173,8 +173,8 @@ func (s *poisonReport) rows(row func(cells ...string)) {
 		{"(j3) the same, refused records isolated by splitting their batches (the path before)", func(r poisonRound) drainResult { return r.split }},
 	} {
 		rs, v := series(func(r poisonRound) float64 { return k.d(r).Rate() }, "%.0f")
-		cs, c := series(func(r poisonRound) float64 { return k.d(r).cpuPerMillion() / 10 }, "%.2f")
-		row(k.name, fmt.Sprintf("%.0f records/s (rounds: %s); %.2f CPU-s per 100,000 records (rounds: %s)", v, rs, c, cs), "", "")
+		cs, c := series(func(r poisonRound) float64 { return selfPer100k(k.d(r)) }, "%.2f")
+		row(k.name, fmt.Sprintf("%.0f records/s (rounds: %s); ratchet's process %.2f CPU-s per 100,000 records (rounds: %s)", v, rs, c, cs), "", "")
 	}
 	rs, v := series(func(r poisonRound) float64 { return r.taken.Rate() / r.clean.Rate() }, "%.2f")
 	row("(j3) 1 % poison taken out / clean", fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.9", passMiss(v >= 0.9))
@@ -182,11 +182,21 @@ func (s *poisonReport) rows(row func(cells ...string)) {
 	row("(j3) 1 % poison split / clean (reference)", fmt.Sprintf("%.2f (rounds: %s)", v, rs), "", "")
 }
 
+// selfPer100k is the CPU time of the bench's own process (the engine runs
+// in it), in seconds, that 100,000 records took: on shared cores the
+// machine's figure counts the neighbours too.
+func selfPer100k(d drainResult) float64 {
+	if d.Events <= 0 {
+		return 0
+	}
+	return d.CPU.self * d.Steady.Seconds() / float64(d.Events) * 1e5
+}
+
 // method says how the section is measured.
 func (s *poisonReport) method() string {
 	if s == nil || len(s.rounds) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("- Poison (j3): %d rounds, each three exactly-once drains (fresh groups) by the JSON order upsert pipeline (j) into `%s`: the %d orders of `orders-clean`, and the same orders in `orders-poison` where one in 101 (%d) is refused by the pipeline before any statement is sent (an amount `double()` cannot read, a customer without an id, an amount that is a bool), once taken out of their batches and once isolated by splitting the batches (`engine.Options.RejectWait` < 0, the path before); the order rotates between rounds, the table and the dead letters are checked after each, records/s counts every record read (applied or dead-lettered) from the first to the last, and the median is reported.\n",
+	return fmt.Sprintf("- Poison (j3): %d rounds, each three exactly-once drains (fresh groups) by the JSON order upsert pipeline (j) into `%s`: the %d orders of `orders-clean`, and the same orders in `orders-poison` where one in 101 (%d) is refused by the pipeline before any statement is sent (an amount `double()` cannot read, a customer without an id, an amount that is a bool), once taken out of their batches and once isolated by splitting the batches (`engine.Options.RejectWait` < 0, the path before); the order rotates between rounds, the table and the dead letters are checked after each, records/s counts every record read (applied or dead-lettered) from the first to the last, CPU is the bench process's own (the engine runs in it; the machine's cores are shared), and the median is reported.\n",
 		len(s.rounds), poisonTable, s.orders, s.poison)
 }
