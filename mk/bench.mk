@@ -7,6 +7,7 @@
 # -only-exec-mode with BENCH_EVENTS=200000: the query exec mode section alone;
 # -only-pipelines with BENCH_EVENTS=300000: the configured-pipelines section alone;
 # -only-append -pipeline-orders 200000: the append section (j2) alone;
+# -only-poison -pipeline-orders 100000: the poison section (j3) alone;
 # -only-tracing with BENCH_EVENTS=200000: the tracing section alone;
 # -only-kill-restart: the restart-after-kill -9 section alone).
 GO              ?= go
