@@ -52,7 +52,7 @@ func (a *ledgerApplier) ApplyWith(ctx context.Context, b processor.Batch, claim 
 			keep = append(keep, r.Offset)
 			continue
 		}
-		err := processor.Permanent(fmt.Errorf("record %s[%d]@%d: bad", r.Topic, r.Partition, r.Offset))
+		err := processor.Permanent(&pipelineError{"p", fmt.Errorf("record %s[%d]@%d: bad", r.Topic, r.Partition, r.Offset)})
 		if o.Reject == nil {
 			return err
 		}
@@ -211,5 +211,85 @@ func TestRefusedRecordsSurviveCuts(t *testing.T) {
 				t.Errorf("no record counted as rejected")
 			}
 		})
+	}
+}
+
+// TestGuardTripsOnTakenOutRecordsAsOnSplitting: a pipeline's failure guard
+// counts records taken out of their batch in offset order among the
+// applied ones, as splitting the batch counts them: it trips on the same
+// record, the records before it are applied or dead-lettered alike, and
+// the partition holds from it.
+func TestGuardTripsOnTakenOutRecordsAsOnSplitting(t *testing.T) {
+	// In offset order the guard sees six applied records, then failures:
+	// it trips on the seventh failure (6 of the last 10), at offset 12.
+	// Counting a batch's failures before its applied records would trip
+	// it at offset 7 (2 of 2).
+	const n = 14
+	bad := map[int64]bool{6: true, 7: true, 8: true, 9: true, 10: true, 12: true}
+	type result struct {
+		next          int64
+		applied, dead []int64
+		letters       []int64
+	}
+	run := func(t *testing.T, wait time.Duration) result {
+		app := &ledgerApplier{applied: map[int64]int{}, dead: map[int64]bool{}}
+		dlq := &ledgerDLQ{letters: map[int64]int{}}
+		m := metrics.New(prometheus.NewRegistry())
+		guard := NewGuard(m, slog.New(slog.DiscardHandler))
+		guard.Watch("p", "events", GuardLimits{MaxRatio: 0.5, MinFailures: 2, Window: 10})
+		sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
+		sink := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+		cfg := &PartitionConfig{
+			TP: TopicPartition{Topic: "events", Partition: 0}, Start: 0, BatchSize: 50, Linger: time.Millisecond,
+			Format: event.FormatRaw, Claim: &store.Claim{Group: "g", Topic: "events", Epoch: 3},
+			Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxAttempts: 3},
+			Applier: app, Committer: sink, DLQ: dlq, DLQTopic: "events.dlq",
+			Held: NewHeld(nil), Progress: &Progress{}, PanicLimit: 3,
+			Seek:    func(*actor.PID, TopicPartition, int64) {},
+			Metrics: m, Logger: slog.New(slog.DiscardHandler), Guard: guard, RejectWait: wait,
+		}
+		pid := sys.Root.Spawn(actor.PropsFromProducer(NewPartition(cfg)))
+		t.Cleanup(func() { _ = sys.Root.StopFuture(pid).Wait() })
+		msgs := make([]*kafka.Message, 0, n)
+		for off := range int64(n) {
+			v := []byte("good")
+			if bad[off] {
+				v = []byte("bad")
+			}
+			msgs = append(msgs, message(off, v))
+		}
+		cfg.Held.Add(len(msgs), messagesBytes(msgs))
+		sys.Root.Send(pid, &Records{Msgs: msgs})
+		testenv.Eventually(t, 30*time.Second, func() bool { return cfg.Progress.Held.Load() }, "the partition holds")
+		app.mu.Lock()
+		defer app.mu.Unlock()
+		dlq.mu.Lock()
+		defer dlq.mu.Unlock()
+		r := result{next: app.next}
+		for off := range int64(n) {
+			if app.applied[off] > 0 {
+				r.applied = append(r.applied, off)
+			}
+			if app.dead[off] {
+				r.dead = append(r.dead, off)
+			}
+			if dlq.letters[off] > 0 {
+				r.letters = append(r.letters, off)
+			}
+		}
+		return r
+	}
+	var taken, split result
+	t.Run("taken out", func(t *testing.T) { taken = run(t, 0) })
+	t.Run("split", func(t *testing.T) { split = run(t, -1) })
+	want := result{next: 12, applied: []int64{0, 1, 2, 3, 4, 5, 11}, dead: []int64{6, 7, 8, 9, 10}, letters: []int64{6, 7, 8, 9, 10}}
+	for _, r := range []struct {
+		name string
+		got  result
+	}{{"taken out", taken}, {"split", split}} {
+		if r.got.next != want.next || !slices.Equal(r.got.applied, want.applied) || !slices.Equal(r.got.dead, want.dead) ||
+			!slices.Equal(r.got.letters, want.letters) {
+			t.Errorf("%s: %+v, want %+v", r.name, r.got, want)
+		}
 	}
 }
