@@ -18,7 +18,11 @@
 //   - Process may be called again with the same records after a failure (the
 //     transaction was rolled back). It must not keep side effects outside tx.
 //   - Returning an error marked with Permanent says the batch can never
-//     succeed as it is; ratchet then isolates the records that cause it.
+//     succeed as it is; ratchet then isolates the records that cause it,
+//     splitting the batch in halves until each stands alone. A record the
+//     processor refuses before sending anything, whatever the rest of the
+//     batch, is cheaper taken out with Reject: the batch goes on without
+//     it and its dead letter is the same.
 //     Any other error is classified by its cause (PostgreSQL SQLSTATE,
 //     connection loss) and retried when transient.
 //   - Writes whose results Process does not need, to rows other partitions
