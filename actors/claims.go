@@ -31,7 +31,7 @@ func (s *Supervisor) spawn(tp TopicPartition, st startOffset) error {
 		Held: a.held, Progress: a.progress, Seek: s.requestSeek,
 		PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,
 		ResetWatch: s.cfg.ResetWatch, DeadLetterLog: s.cfg.DeadLetterLog, Tracer: s.cfg.Tracer,
-		Guard: s.cfg.Guard,
+		Guard: s.cfg.Guard, RejectWait: s.cfg.RejectWait,
 	}
 	res, err := s.system.Root.RequestFuture(s.pid, &spawnPartition{cfg: pcfg}, 10*time.Second).Result()
 	if err != nil {

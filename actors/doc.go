@@ -109,7 +109,10 @@
 //     (store.IsRecordError, processor.Permanent) and unclassified ones
 //     after retry.max_attempts are isolated by bisecting the batch, each
 //     bad record dead-lettered (DLQ actor, below) and the offset moved past
-//     it; an overlap under the partition's own epoch ending where this
+//     it. A record the processor refuses before sending anything is taken
+//     out of the batch instead (reject.go): its letter is made durable
+//     within RejectWait before the transaction commits, and its row joins
+//     it; past the wait the batch is bisected as before. An overlap under the partition's own epoch ending where this
 //     batch ends is an earlier attempt whose COMMIT answer was lost.
 //  6. batchDone. The retry actor reports to its parent. Applied: the
 //     partition moves its watermark (state.next, Progress.Next), sends

@@ -68,6 +68,13 @@ type PartitionConfig struct {
 	// table that refuses the statement, a pipeline whose failure guard
 	// tripped; guard.go); shared by the instance's partitions. nil: none.
 	Guard *Guard
+	// RejectWait bounds how long a batch waits, before it commits, for the
+	// dead letters of the records its processor took out of it
+	// (processor.Rejecter; reject.go): past it the batch is rolled back
+	// and applied again with those records isolated by splitting the
+	// batch. Zero: DefaultRejectWait; negative: records are never taken
+	// out, every refusal splits the batch.
+	RejectWait time.Duration
 }
 
 // partitionState is what a partition actor keeps across supervised

@@ -111,6 +111,18 @@ type retry struct {
 	// the batch carries the same first_offset.
 	first int64
 	span  tracing.Batch // of the message being handled
+	// What the records the processor takes out of the message's batch
+	// (reject.go) have cost so far: whether it may (off after a dead
+	// letter that took too long), their letters already durable (by
+	// offset), the offset up to which the failure guard has counted the
+	// batch's records, the offsets taken out by the attempt under way, and
+	// that attempt's number.
+	rejecting  bool
+	durable    map[int64]store.DeadLetter
+	counted    int64
+	rejected   []int64
+	attempt    int
+	bypassHeld bool // applying the part of a batch before a tripped guard's record
 }
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
@@ -134,6 +146,9 @@ func (r *retry) Receive(c actor.Context) {
 func (r *retry) run(msg *applyBatch) error {
 	r.first = msg.batch.Start
 	r.unrecorded = append(r.unrecorded[:0], msg.dead...)
+	r.rejecting = r.cfg.RejectWait >= 0
+	clear(r.durable)
+	r.counted = msg.batch.Start
 	// The delivery started when the batch was cut, usually while the batch
 	// before it was applied; safeApply waits for it before each attempt.
 	r.inFlight = msg.delivery
@@ -194,7 +209,7 @@ func (r *retry) apply(b processor.Batch, attempts int) (result error) {
 		}
 	}()
 	for attempt := 0; ; attempt++ {
-		if len(b.Records) > 0 {
+		if len(b.Records) > 0 && !r.bypassHeld {
 			// A batch with nothing but the offset advance (and the dead
 			// letters written before) still commits: a letter in the
 			// dead-letter topic is always recorded as one.
@@ -207,6 +222,7 @@ func (r *retry) apply(b processor.Batch, attempts int) (result error) {
 			return nil // at-least-once: nothing to write, the commit moves the offset
 		}
 		began := time.Now()
+		r.attempt = attempt
 		err := r.safeApply(b)
 		if err == nil {
 			r.unrecorded = r.unrecorded[:0]
@@ -228,7 +244,19 @@ func (r *retry) apply(b processor.Batch, attempts int) (result error) {
 			return r.ctx.Err()
 		}
 		var conflict *store.OffsetConflictError
+		var trip *guardTripped
 		switch {
+		case errors.As(err, &trip):
+			return r.tripped(b, trip.offset)
+		case errors.Is(err, errRejectFallback):
+			// The letters of the records taken out could not be made
+			// durable in time: nothing committed; apply the batch again
+			// the old way, splitting it around them.
+			r.rejecting = false
+			r.cfg.Logger.Warn("dead letters of refused records slow, isolating them by splitting the batch", batchFields(b.Topic, b.Partition, r.first,
+				"actor", "retry", "offset", b.Start, "err", err, r.span.LogAttr())...)
+			attempt--
+			continue
 		case errors.Is(err, errDeadLetter):
 			return err
 		case errors.As(err, &conflict):
@@ -322,17 +350,27 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 		if !store.IsRecordError(cause) && attempts < r.cfg.Retry.MaxAttempts {
 			return r.apply(b, r.cfg.Retry.MaxAttempts)
 		}
-		if pipeline, _ := pipelineOf(cause); pipeline != "" && r.cfg.Guard.Failed(pipeline, cause) {
+		off := b.Records[0].Offset
+		if row, ok := r.durable[off]; ok {
+			// Taken out by an earlier attempt of this batch, whose
+			// letter is durable and counted: record it, once.
+			r.unrecorded = append(r.unrecorded, row)
+			b.Records = nil
+			return r.apply(b, r.cfg.Retry.MaxAttempts)
+		}
+		if pipeline, _ := pipelineOf(cause); pipeline != "" && off >= r.counted && r.cfg.Guard.Failed(pipeline, cause) {
 			// Too many of the pipeline's records failed: its
 			// configuration is at fault, not this record.
 			return r.hold(b, r.cfg.Guard.Held(b.Topic))
 		}
+		r.counted = max(r.counted, off+1)
 		if err := r.deadLetter(Letter{Record: b.Records[0], Reason: cause, Attempts: attempts, batchStart: r.first}); err != nil {
 			return err
 		}
 		b.Records = nil
 		return r.apply(b, r.cfg.Retry.MaxAttempts)
 	}
+	r.cfg.Metrics.Bisections.WithLabelValues(b.Topic).Inc()
 	m := len(b.Records) / 2
 	mid := b.Records[m].Offset
 	r.span.Bisect(b.Start, mid, b.Next, cause)
@@ -390,7 +428,12 @@ func (r *retry) recovered(b processor.Batch) (err error) {
 			err = processor.Permanent(&PanicError{Value: v, Offset: b.Start, Stack: debug.Stack()})
 		}
 	}()
-	return r.cfg.Applier.ApplyWith(r.ctx, b, r.cfg.Claim, store.ApplyOptions{Dead: r.unrecorded})
+	o := store.ApplyOptions{Dead: r.unrecorded}
+	r.rejected = r.rejected[:0]
+	if r.rejecting {
+		o.Reject = r.rejectHook(b)
+	}
+	return r.cfg.Applier.ApplyWith(r.ctx, b, r.cfg.Claim, o)
 }
 
 // deadLetter writes letters to the dead-letter topic and waits until they
@@ -412,9 +455,13 @@ func (r *retry) observe(b processor.Batch, began time.Time) {
 	now := time.Now()
 	m := r.cfg.Metrics
 	part := metrics.Partition(b.Partition)
-	m.Records.WithLabelValues(b.Topic, part).Add(float64(len(b.Records)))
-	r.cfg.Guard.Applied(b.Topic, len(b.Records))
-	r.cfg.Progress.Records.Add(int64(len(b.Records)))
+	applied := len(b.Records) - len(r.rejected)
+	m.Records.WithLabelValues(b.Topic, part).Add(float64(applied))
+	// The guard counts each record once, in offset order: those taken
+	// out, and the applied ones before them, were counted on the way.
+	r.cfg.Guard.Applied(b.Topic, len(b.Records)-recordsBefore(b.Records, r.counted))
+	r.counted = max(r.counted, b.Next)
+	r.cfg.Progress.Records.Add(int64(applied))
 	m.Batches.WithLabelValues(b.Topic, part).Inc()
 	m.BatchSeconds.WithLabelValues(b.Topic).Observe(now.Sub(began).Seconds())
 	e2e := m.EndToEndSeconds.WithLabelValues(b.Topic)

@@ -98,6 +98,8 @@ type SupervisorConfig struct {
 	// Guard holds partitions for faults no record is to blame for
 	// (guard.go); nil: none.
 	Guard *Guard
+	// RejectWait is PartitionConfig.RejectWait of every partition.
+	RejectWait time.Duration
 }
 
 // Supervisor owns the Kafka consumer and its poll loop, and is the parent of

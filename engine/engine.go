@@ -72,6 +72,13 @@ type Options struct {
 	// protocol, the sampler); nil means os.Getenv. The OTLP exporter reads
 	// its own (endpoint, headers, TLS) from the process environment.
 	Getenv func(string) string
+	// RejectWait bounds how long a batch waits, before it commits, for the
+	// dead letters of the records a processor took out of it
+	// (processor.Rejecter); past it the batch is applied again with those
+	// records isolated by splitting it. Zero: actors.DefaultRejectWait.
+	// Negative: no record is taken out, every refusal splits its batch
+	// (the tests and the bench compare both ways).
+	RejectWait time.Duration
 }
 
 func (o Options) getenv() func(string) string {
@@ -456,6 +463,7 @@ func (e *engine) run(ctx context.Context) error {
 		DeadLetterLog:    deadLetterLog,
 		Tracer:           e.tracer,
 		Guard:            guard,
+		RejectWait:       e.opts.RejectWait,
 
 		// The assignment watchdog's bound: see actors.AssignmentTimeout.
 		SessionTimeout:    sessionTimeout(cfg),

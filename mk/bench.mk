@@ -11,6 +11,7 @@
 #   rate (l) alone (upserts against a direct pgx loop, rollups against a Poll
 #   loop); -pg-rate-tx 500,2000,5000 adds one direct upsert run at each of
 #   those rows per transaction;
+# -only-poison -pipeline-orders 100000: the poison section (j3) alone;
 # -only-tracing with BENCH_EVENTS=200000: the tracing section alone;
 # -only-kill-restart: the restart-after-kill -9 section alone).
 GO              ?= go

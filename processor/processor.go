@@ -18,7 +18,11 @@
 //   - Process may be called again with the same records after a failure (the
 //     transaction was rolled back). It must not keep side effects outside tx.
 //   - Returning an error marked with Permanent says the batch can never
-//     succeed as it is; ratchet then isolates the records that cause it.
+//     succeed as it is; ratchet then isolates the records that cause it,
+//     splitting the batch in halves until each stands alone. A record the
+//     processor refuses before sending anything, whatever the rest of the
+//     batch, is cheaper taken out with Reject: the batch goes on without
+//     it and its dead letter is the same.
 //     Any other error is classified by its cause (PostgreSQL SQLSTATE,
 //     connection loss) and retried when transient.
 //   - Writes whose results Process does not need, to rows other partitions
@@ -216,6 +220,35 @@ func ExecLastWrapped(ctx context.Context, tx pgx.Tx, wrap func(error) error, sql
 		return wrap(err)
 	}
 	return nil
+}
+
+// Rejecter is implemented by the transaction ratchet passes to Process
+// when the batch may go on without a record the processor refuses before
+// sending anything to the database (an expression it cannot evaluate, a
+// value it cannot convert). Reject(offset, err) takes the record out of
+// the batch: Process must then leave out everything the record would
+// have written, and err (marked with Permanent) becomes the record's dead
+// letter, written with the batch and recorded in its transaction, exactly
+// as if the batch had been split until the record stood alone and failed
+// with err. Reject returns false when the transaction does not take the
+// record (rejecting is off for this attempt): Process must then fail the
+// batch with err, as without a Rejecter.
+//
+// Only a refusal that does not depend on the rest of the batch may be
+// rejected: what PostgreSQL refuses, or what depends on the other records
+// of the batch (a sum that overflows), fails the batch and is isolated by
+// splitting it.
+type Rejecter interface {
+	Reject(offset int64, err error) bool
+}
+
+// Reject asks tx to take the record at offset out of its batch with the
+// reason err (see Rejecter). It reports false when tx is not a Rejecter
+// or does not take the record; the processor then fails the batch with
+// err.
+func Reject(tx pgx.Tx, offset int64, err error) bool {
+	r, ok := tx.(Rejecter)
+	return ok && r.Reject(offset, err)
 }
 
 // ErrTxControl is returned by Commit and Rollback of the transaction

@@ -13,17 +13,23 @@ import (
 // Metrics are the series one engine updates. A nil *Metrics is not valid;
 // use New (tests use New(prometheus.NewRegistry())).
 type Metrics struct {
-	Records          *prometheus.CounterVec   // topic, partition
-	Batches          *prometheus.CounterVec   // topic, partition
-	BatchSeconds     *prometheus.HistogramVec // topic
-	EndToEndSeconds  *prometheus.HistogramVec // topic
-	Poison           *prometheus.CounterVec   // topic, reason
-	Retries          *prometheus.CounterVec   // class
-	DeadLetters      *prometheus.CounterVec   // topic
-	Commits          *prometheus.CounterVec   // result
-	CommittedOffset  *prometheus.GaugeVec     // topic, partition
-	StoredOffset     *prometheus.GaugeVec     // topic, partition
-	Lag              *prometheus.GaugeVec     // topic, partition
+	Records         *prometheus.CounterVec   // topic, partition
+	Batches         *prometheus.CounterVec   // topic, partition
+	BatchSeconds    *prometheus.HistogramVec // topic
+	EndToEndSeconds *prometheus.HistogramVec // topic
+	Poison          *prometheus.CounterVec   // topic, reason
+	Retries         *prometheus.CounterVec   // class
+	DeadLetters     *prometheus.CounterVec   // topic
+	// RejectedRecords counts records a processor took out of their batch
+	// (refused before any statement was sent) and dead-lettered with it;
+	// Bisections counts batches split in two to isolate a record only
+	// PostgreSQL refused (or one taken out when rejecting fell back).
+	RejectedRecords  *prometheus.CounterVec // topic
+	Bisections       *prometheus.CounterVec // topic
+	Commits          *prometheus.CounterVec // result
+	CommittedOffset  *prometheus.GaugeVec   // topic, partition
+	StoredOffset     *prometheus.GaugeVec   // topic, partition
+	Lag              *prometheus.GaugeVec   // topic, partition
 	Paused           prometheus.Gauge
 	Assigned         prometheus.Gauge
 	AssignmentWait   prometheus.Gauge       // seconds subscribed without an assignment (an empty one counts); 0 with one
@@ -99,6 +105,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "ratchet_retries_total", Help: "Batch retries by error class."}, []string{"class"}),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_dead_letters_total", Help: "Records written to the dead-letter topic."}, []string{"topic"}),
+		RejectedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_rejected_records_total", Help: "Records refused before any statement was sent, dead-lettered with their batch without splitting it."}, []string{"topic"}),
+		Bisections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratchet_bisections_total", Help: "Batches split in two to isolate a record the database refused."}, []string{"topic"}),
 		Commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratchet_kafka_commits_total", Help: "Kafka offset commit requests by result."}, []string{"result"}),
 		CommittedOffset: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -193,7 +203,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.PipelineConfigErrors, m.PipelineConfigWaiting, m.PipelineGuardTripped)
 	reg.MustRegister(m.DecodedRecords, m.RegistryLookups, m.RegistryCacheHits, m.RegistryErrors)
 	reg.MustRegister(m.Unclaimed, m.CommitsAbandoned, m.UncommittedRecords, m.OffsetResets, m.Records, m.Batches, m.BatchSeconds, m.EndToEndSeconds, m.Poison, m.Retries,
-		m.DeadLetters, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.AssignmentWait, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,
+		m.DeadLetters, m.RejectedRecords, m.Bisections, m.Commits, m.CommittedOffset, m.StoredOffset, m.Lag, m.Paused, m.Assigned, m.AssignmentWait, m.HeldBytes, m.HeldBytesPeak, m.BudgetBytes,
 		m.Restarts, m.RewindsPrevented, m.RewindRecords, m.Fenced, m.StaleOffsets, m.DegradedSeconds, m.Reconnects)
 	return m
 }

@@ -1,9 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -66,6 +68,43 @@ type ApplyOptions struct {
 	// Dead lists records of the batch's range that were dead-lettered; with
 	// a claim they are recorded in ratchet_dead_letters in the transaction.
 	Dead []DeadLetter
+	// Reject, when set, lets the processor take records out of the batch
+	// that it refuses before sending anything (processor.Rejecter). Once
+	// the processor returned, Reject is called with those records, in
+	// offset order, each with the error the batch would have failed with
+	// had it been split until the record stood alone (its text included):
+	// it writes their dead letters and returns, once they are durable, the
+	// rows that record them; they join the transaction, which then
+	// commits the batch without them. An error of Reject rolls the
+	// transaction back and is returned as the batch's. Nil: a record the
+	// processor refuses fails the batch.
+	Reject func(ctx context.Context, rejected []Rejected) ([]DeadLetter, error)
+}
+
+// Rejected is a record the processor took out of its batch.
+type Rejected struct {
+	Record processor.Record
+	// Err is the record's reason, worded as the batch's error would be
+	// were the record alone in it (wraps the processor's error).
+	Err error
+}
+
+// rejectedOf matches what the processor rejected with b's records, in
+// offset order, and words each reason as ApplyWith words the error of a
+// batch that holds the record alone (as splitting b would leave it).
+func rejectedOf(b processor.Batch, name string, marks []rejectMark) ([]Rejected, error) {
+	out := make([]Rejected, 0, len(marks))
+	last := int64(-1)
+	for _, m := range marks {
+		i, found := slices.BinarySearchFunc(b.Records, m.offset, func(r processor.Record, o int64) int { return cmp.Compare(r.Offset, o) })
+		if !found || m.offset <= last {
+			return nil, fmt.Errorf("%s: rejected offset %d is not a record of the batch after %d", name, m.offset, last)
+		}
+		last = m.offset
+		out = append(out, Rejected{Record: b.Records[i],
+			Err: fmt.Errorf("apply %s[%d] offsets %d..%d: %s: %w", b.Topic, b.Partition, m.offset, m.offset+1, name, m.err)})
+	}
+	return out, nil
 }
 
 // ApplyWith is Apply with options.
@@ -76,12 +115,21 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 	if claim != nil && (claim.Topic != b.Topic || claim.Partition != b.Partition) {
 		return fmt.Errorf("apply %s[%d]: claim is for %s[%d]", b.Topic, b.Partition, claim.Topic, claim.Partition)
 	}
-	if err := s.apply(ctx, b, claim, o.Dead); err != nil {
+	if err := s.apply(ctx, b, claim, o); err != nil {
 		var conflict *OffsetConflictError
 		if errors.As(err, &conflict) {
 			return err
 		}
-		return fmt.Errorf("apply %s[%d] offsets %d..%d: %w", b.Topic, b.Partition, b.Start, b.Next, err)
+		start, next := b.Start, b.Next
+		if len(b.Records) == 1 {
+			// A record alone (isolated by splitting) is named by its own
+			// offset, not by where its batch was cut (offsets a
+			// compaction or dead letters left out around it): its dead
+			// letter's text is the same whatever the batch boundaries.
+			start = b.Records[0].Offset
+			next = start + 1
+		}
+		return fmt.Errorf("apply %s[%d] offsets %d..%d: %w", b.Topic, b.Partition, start, next, err)
 	}
 	return nil
 }
@@ -136,11 +184,25 @@ const (
 // the client: a process frozen mid-batch (GC or VM pause, SIGSTOP) does not
 // hold up the claim that fences it, since a new owner's claim waits for
 // that row's lock.
-func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter) error {
-	tx := &lazyTx{ctx: ctx, pool: s.pool}
+func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, o ApplyOptions) error {
+	tx := &lazyTx{ctx: ctx, pool: s.pool, rejecting: o.Reject != nil}
 	defer tx.release()
 	if err := s.process(ctx, tx, b); err != nil {
 		return err
+	}
+	dead := o.Dead
+	if len(tx.rejected) > 0 {
+		// Their letters are durable before anything of the batch
+		// commits; with a claim, their rows join the transaction.
+		rejected, err := rejectedOf(b, s.p.Name(), tx.rejected)
+		if err != nil {
+			return err
+		}
+		rows, err := o.Reject(ctx, rejected)
+		if err != nil {
+			return err
+		}
+		dead = append(dead[:len(dead):len(dead)], rows...)
 	}
 	begin := !tx.begun()
 	if begin && claim == nil && tx.deferred.Len() == 0 {

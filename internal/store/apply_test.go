@@ -536,3 +536,80 @@ WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
 		return len(got) == 1 && got[0].Count == 5
 	}, "the server never committed the batch whose answer was lost: %+v", rollups(t, direct))
 }
+
+// TestApplyTakesRejectedRecordsOut: a processor that rejects records
+// (processor.Reject) has them handed to ApplyOptions.Reject in offset
+// order, each reason worded as the batch's error for the record alone; the
+// rows Reject returns are recorded with the batch, which commits without
+// them. Reject failing commits nothing; without Reject the processor is
+// told no and the batch fails.
+func TestApplyTakesRejectedRecordsOut(t *testing.T) {
+	pool := migratedPool(t)
+	ctx := testCtx(t)
+	var told []bool
+	p := processor.Func{ProcessorName: "picky", Fn: func(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
+		for _, r := range b.Records {
+			if r.Offset%3 != 1 {
+				continue
+			}
+			err := processor.Permanent(fmt.Errorf("record @%d: refused", r.Offset))
+			ok := processor.Reject(tx, r.Offset, err)
+			told = append(told, ok)
+			if !ok {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, "SELECT 1")
+		return err
+	}}
+	s := store.New(pool, p)
+	claim := claimFor(t, pool, "events")
+	recorded := func() []int64 {
+		rows, err := pool.Query(ctx, `SELECT "offset" FROM ratchet_dead_letters ORDER BY "offset"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	b := batch(0, 6)
+	b.Records = slices.Delete(b.Records, 3, 4) // offset 3 absent: 4 follows 2
+	var got []store.Rejected
+	reject := func(fail error) func(context.Context, []store.Rejected) ([]store.DeadLetter, error) {
+		return func(_ context.Context, rs []store.Rejected) ([]store.DeadLetter, error) {
+			got = rs
+			var rows []store.DeadLetter
+			for _, r := range rs {
+				rows = append(rows, store.DeadLetter{Offset: r.Record.Offset, Error: r.Err.Error(), Attempts: 1, DLQTopic: "events.dlq", FailedAt: t0})
+			}
+			return rows, fail
+		}
+	}
+	if err := s.ApplyWith(ctx, b, &claim, store.ApplyOptions{Reject: reject(errors.New("dlq slow"))}); err == nil {
+		t.Fatal("ApplyWith with a failing Reject succeeded")
+	}
+	if r := recorded(); len(r) != 0 || storedNext(t, pool) != 0 {
+		t.Fatalf("after a failing Reject: dead letters %v, next_offset %d; want none, 0", r, storedNext(t, pool))
+	}
+	if err := s.ApplyWith(ctx, b, &claim, store.ApplyOptions{Reject: reject(nil)}); err != nil {
+		t.Fatal(err)
+	}
+	if r := recorded(); !slices.Equal(r, []int64{1, 4}) || storedNext(t, pool) != 6 {
+		t.Fatalf("dead letters %v, next_offset %d; want [1 4], 6", r, storedNext(t, pool))
+	}
+	want := []string{"apply events[0] offsets 1..2: picky: record @1: refused", "apply events[0] offsets 4..5: picky: record @4: refused"}
+	if len(got) != 2 || got[0].Err.Error() != want[0] || got[1].Err.Error() != want[1] || !processor.IsPermanent(got[0].Err) {
+		t.Fatalf("rejected %v, want the reasons %q", got, want)
+	}
+	told = nil
+	err := s.ApplyWith(ctx, batch(6, 9), &claim, store.ApplyOptions{})
+	if !store.IsRecordError(err) || !slices.Equal(told, []bool{false}) {
+		t.Fatalf("without Reject: %v (told %v), want the record error and Reject false", err, told)
+	}
+	if err.Error() != "apply events[0] offsets 6..9: picky: record @7: refused" {
+		t.Errorf("error %q", err)
+	}
+}

@@ -38,6 +38,26 @@ type lazyTx struct {
 	ended    error         // the processor tried to commit or roll back
 	deferred pgx.Batch
 	wraps    map[int]func(error) error // by index in deferred: DeferWrapped's
+	// rejecting says the batch may go on without records the processor
+	// refuses (ApplyOptions.Reject); rejected holds them, in the order
+	// the processor rejected them.
+	rejecting bool
+	rejected  []rejectMark
+}
+
+// rejectMark is a record the processor rejected: its offset and why.
+type rejectMark struct {
+	offset int64
+	err    error
+}
+
+// Reject implements processor.Rejecter.
+func (t *lazyTx) Reject(offset int64, err error) bool {
+	if !t.rejecting || err == nil {
+		return false
+	}
+	t.rejected = append(t.rejected, rejectMark{offset: offset, err: err})
+	return true
 }
 
 // begun reports whether the transaction was begun on the server.

@@ -98,8 +98,10 @@ type StreamRecord struct {
 // a few records holds several of one key): about 2 % carry a value
 // PostgreSQL refuses (NUL in jsonb, numeric(5,2) overflow, the CHECK,
 // varchar(8), log's varchar(6)), on a hot key, so mostly superseded by a later record of
-// their key in the batch; about 1 % a value ratchet refuses (not JSON, a
-// qty that is not an integer); about 3 % are tombstones.
+// their key in the batch; about 2 % a value ratchet refuses (not JSON, a
+// qty that is not an integer, a time per_group cannot read, a version
+// newest cannot compare: the last two refused by a pipeline after others
+// took the record); about 3 % are tombstones.
 func DeterminismStream(n int, partitions int32) []StreamRecord {
 	out := make([]StreamRecord, 0, n)
 	next := map[int32]int64{}
@@ -109,6 +111,7 @@ func DeterminismStream(n int, partitions int32) []StreamRecord {
 		r.qty = i % 9
 		body, price, qty, code := fmt.Sprintf(`{"n": %d}`, i), fmt.Sprintf("%d.25", i%100), strconv.Itoa(r.qty), fmt.Sprintf(`"c%d"`, i)
 		tag := fmt.Sprintf("t%d", i%1000)
+		ts, version := fmt.Sprintf(`"2026-12-01T09:%02d:30Z"`, minute), ""
 		tombstone := false
 		switch {
 		case i%197 == 11:
@@ -125,6 +128,10 @@ func DeterminismStream(n int, partitions int32) []StreamRecord {
 			r.Value, r.Bad = []byte(`{"body": `), "json"
 		case i%233 == 31 && r.qty != 4: // (where filters qty 4 out of log)
 			tag, r.Bad = "longtag", "22001" // log refuses it alone
+		case i%239 == 37:
+			ts, r.Bad = `"the ninth hour"`, "rollup.time" // per_group refuses it, after docs took it
+		case i%241 == 43:
+			version, r.Bad = `"newer"`, "upsert.version" // newest refuses it, after docs and per_group took it
 		case i%37 == 36:
 			tombstone = true
 		}
@@ -140,9 +147,12 @@ func DeterminismStream(n int, partitions int32) []StreamRecord {
 			continue
 		}
 		r.version, r.n = i*37%101, strconv.Itoa(i)
+		if version == "" {
+			version = strconv.Itoa(r.version)
+		}
 		r.tag = tag
-		r.Value = fmt.Appendf(nil, `{"body": %s, "price": %s, "qty": %s, "code": %s, "g": %q, "ts": "2026-12-01T09:%02d:30Z", "v": %d, "tag": %q}`,
-			body, price, qty, code, g, minute, r.version, tag)
+		r.Value = fmt.Appendf(nil, `{"body": %s, "price": %s, "qty": %s, "code": %s, "g": %q, "ts": %s, "v": %s, "tag": %q}`,
+			body, price, qty, code, g, ts, version, tag)
 		r.row = fmt.Sprintf(`%s {"n": %d} %s %d %s`, r.Key, i, price, r.qty, strings.Trim(code, `"`))
 		r.group = fmt.Sprintf("%s 09:%02d", g, minute)
 		out = append(out, r)
@@ -283,6 +293,59 @@ func ProduceStream(tb testing.TB, addr, topic string, recs []StreamRecord) {
 // want also returns, so a test sees a surplus.
 func DeadLetters(tb testing.TB, addr, dlq string, want int) ([]string, map[string]string) {
 	tb.Helper()
+	var out []string
+	why := map[string]string{}
+	readDeadLetters(tb, addr, dlq, want, func(m *kafka.Message) {
+		h := map[string]string{}
+		for _, x := range m.Headers {
+			h[x.Key] = string(x.Value)
+		}
+		id := h["ratchet.partition"] + "@" + h["ratchet.offset"]
+		out = append(out, id)
+		why[id] = h["ratchet.error"]
+	})
+	slices.Sort(out)
+	return out, why
+}
+
+// DeadLetterRecords reads the dead-letter topic dlq as DeadLetters does
+// and returns each record, by "partition@offset" of its original, as its
+// key, value and headers in order, but for the headers that differ from
+// run to run (ratchet.failed_at, traceparent). A record written twice
+// (dead letters are at-least-once) appears once when both copies are the
+// same, and as both otherwise.
+func DeadLetterRecords(tb testing.TB, addr, dlq string, want int) map[string]string {
+	tb.Helper()
+	out := map[string]string{}
+	readDeadLetters(tb, addr, dlq, want, func(m *kafka.Message) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "key=%q value=%q", m.Key, m.Value)
+		var id [2]string
+		for _, h := range m.Headers {
+			switch h.Key {
+			case "ratchet.failed_at", "traceparent":
+				continue
+			case "ratchet.partition":
+				id[0] = string(h.Value)
+			case "ratchet.offset":
+				id[1] = string(h.Value)
+			}
+			fmt.Fprintf(&b, " %s=%q", h.Key, h.Value)
+		}
+		k := id[0] + "@" + id[1]
+		if prev, ok := out[k]; ok && prev != b.String() {
+			out[k] = prev + "\n" + b.String()
+			return
+		}
+		out[k] = b.String()
+	})
+	return out
+}
+
+// readDeadLetters waits until dlq holds want records, then hands each of
+// its records to each.
+func readDeadLetters(tb testing.TB, addr, dlq string, want int, each func(*kafka.Message)) {
+	tb.Helper()
 	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": addr, "group.id": "dead-letter-reader", "log_level": 3})
 	if err != nil {
 		tb.Fatal(err)
@@ -309,22 +372,14 @@ func DeadLetters(tb testing.TB, addr, dlq string, want int) ([]string, map[strin
 	if err := c.Assign(parts); err != nil {
 		tb.Fatal(err)
 	}
-	var out []string
-	why := map[string]string{}
+	var n int64
 	deadline := time.Now().Add(60 * time.Second)
-	for int64(len(out)) < total && time.Now().Before(deadline) {
+	for n < total && time.Now().Before(deadline) {
 		m, err := c.ReadMessage(time.Second)
 		if err != nil {
 			continue
 		}
-		h := map[string]string{}
-		for _, x := range m.Headers {
-			h[x.Key] = string(x.Value)
-		}
-		id := h["ratchet.partition"] + "@" + h["ratchet.offset"]
-		out = append(out, id)
-		why[id] = h["ratchet.error"]
+		n++
+		each(m)
 	}
-	slices.Sort(out)
-	return out, why
 }

@@ -48,11 +48,14 @@
 //
 // The life of one record: the partition decodes it (Decoder); the batch
 // reaches Processor.Process; each pipeline of the topic evaluates it. A
-// record that any pipeline cannot evaluate fails the whole batch with a
-// processor.Permanent error naming the pipeline, so the engine bisects
-// the batch and dead-letters that record alone, once, applied by none of
-// the pipelines; the rest of the batch is applied by all of them in one
-// transaction. A value PostgreSQL refuses (SQLSTATE classes 22 and 23) is
-// isolated the same way: once bisection has left the record alone, its
-// statements run at once, so the error names the pipeline too.
+// record that any pipeline cannot evaluate is refused with a
+// processor.Permanent error naming the pipeline and taken out of the
+// batch (processor.Reject): what the pipelines before took of it is
+// undone, and the engine dead-letters it once with the batch, whose other
+// records all pipelines apply in one transaction. Where the transaction
+// does not take it (processor.Reject false), the error fails the batch
+// and the engine bisects it until the record stands alone; the dead
+// letter is the same. A value PostgreSQL refuses (SQLSTATE classes 22 and
+// 23) can only be isolated that way: once bisection has left the record
+// alone, its statements run at once, so the error names the pipeline too.
 package pipeline

@@ -295,13 +295,76 @@ type batchState struct {
 	rRows                      []rollupRow
 	aRows                      copyRows // an append's rows, in offset order
 	written, filtered, ignored int
+	// m is where the state stood before the record being collected, so
+	// that a record another pipeline refuses leaves nothing here (undo).
+	m stateMark
+	// The aggregates of the rollup row the record merged into, before it
+	// did (m.rIdx); reused from record to record.
+	savedCount []int64
+	savedNums  []number
+	savedSet   []bool
+}
+
+// stateMark is a batchState's extent before one record.
+type stateMark struct {
+	uRows, rRows, aBuf, aN     int
+	written, filtered, ignored int
+	rIdx                       int // the existing rollup row the record merged into; -1: none
+}
+
+// mark notes where st stands before the next record.
+func (st *batchState) mark() {
+	st.m = stateMark{uRows: len(st.uRows), rRows: len(st.rRows), aBuf: len(st.aRows.buf), aN: st.aRows.n,
+		written: st.written, filtered: st.filtered, ignored: st.ignored, rIdx: -1}
+}
+
+// saveRow keeps the aggregates of rollup row idx before a record merges
+// into it, for undo.
+func (st *batchState) saveRow(idx int) {
+	row := &st.rRows[idx]
+	st.m.rIdx = idx
+	st.savedCount = append(st.savedCount[:0], row.count...)
+	st.savedNums = append(st.savedNums[:0], row.nums...)
+	st.savedSet = append(st.savedSet[:0], row.set...)
+}
+
+// undo takes out of st everything the record since mark gave it: the
+// record was refused by a pipeline of its topic, so by all of them.
+func (st *batchState) undo() {
+	m := st.m
+	for k := len(st.uRows) - 1; k >= m.uRows; k-- {
+		key := st.uRows[k].key
+		if st.upserts[key]--; st.upserts[key] <= 0 {
+			delete(st.upserts, key)
+		}
+	}
+	st.uRows = st.uRows[:m.uRows]
+	for k := len(st.rRows) - 1; k >= m.rRows; k-- {
+		delete(st.rollups, st.rRows[k].key)
+	}
+	st.rRows = st.rRows[:m.rRows]
+	if m.rIdx >= 0 {
+		row := &st.rRows[m.rIdx]
+		copy(row.count, st.savedCount)
+		copy(row.nums, st.savedNums)
+		copy(row.set, st.savedSet)
+	}
+	st.aRows.buf = st.aRows.buf[:m.aBuf]
+	st.aRows.n = m.aN
+	st.written, st.filtered, st.ignored = m.written, m.filtered, m.ignored
+	st.m.rIdx = -1
 }
 
 // Process evaluates every pipeline of b's topic on each record, in offset
 // order, and writes each pipeline's rows in one statement. A record that
-// a pipeline cannot evaluate fails the batch with a processor.Permanent
-// error naming the pipeline, the record and the key path of the
-// expression; the engine then isolates that record.
+// a pipeline cannot evaluate is refused with a processor.Permanent error
+// naming the pipeline, the record and the key path of the expression:
+// taken out of the batch with processor.Reject when the transaction takes
+// it (then no pipeline of the topic writes anything of it, and the batch
+// goes on), otherwise the batch fails with that error and the engine
+// isolates the record by splitting the batch. Either way the record's
+// dead letter is the same: the first pipeline, in the configuration's
+// order, that refuses it names it.
 func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) error {
 	pls := p.set.byTopic[b.Topic]
 	if len(pls) == 0 || len(b.Records) == 0 {
@@ -318,13 +381,23 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 		if err != nil {
 			return fmt.Errorf("pipelines: CEL activation: %w", err)
 		}
-		for _, st := range states {
+		for j, st := range states {
+			st.mark()
 			if err := p.collect(st, rec, act); err != nil {
 				if errors.Is(err, ErrInterrupted) {
 					return fmt.Errorf("pipeline %s: %w", st.pl.name, err) // a stop, not the record's fault: the batch is retried
 				}
-				return processor.Permanent(&RecordError{Pipeline: st.pl.name, Table: sinkTable(st.pl),
+				refused := processor.Permanent(&RecordError{Pipeline: st.pl.name, Table: sinkTable(st.pl),
 					Err: fmt.Errorf("record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)})
+				if !processor.Reject(tx, rec.Offset, refused) {
+					return refused
+				}
+				// Refused by one pipeline, the record is refused by all
+				// of its topic: the ones before keep nothing of it.
+				for _, prev := range states[:j+1] {
+					prev.undo()
+				}
+				break
 			}
 		}
 	}
@@ -455,6 +528,9 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 			count: make([]int64, len(r.aggregates)), nums: make([]number, len(r.aggregates)), set: make([]bool, len(r.aggregates))})
 	}
 	row := &st.rRows[idx]
+	if ok {
+		st.saveRow(idx)
+	}
 	for i, a := range r.aggregates {
 		switch {
 		case a.kind == aggCount:

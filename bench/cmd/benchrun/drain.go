@@ -162,10 +162,20 @@ type runningEngine struct {
 }
 
 func startEngine(ctx context.Context, cfg config.Config, proc processor.Processor, log *slog.Logger) *runningEngine {
+	return startEngineWith(ctx, cfg, proc, log, nil)
+}
+
+// startEngineWith is startEngine with the engine's options changed by
+// opts (nil: none).
+func startEngineWith(ctx context.Context, cfg config.Config, proc processor.Processor, log *slog.Logger, opts func(*engine.Options)) *runningEngine {
 	ctx, cancel := context.WithCancel(ctx)
 	e := &runningEngine{reg: prometheus.NewRegistry(), cancel: cancel, done: make(chan error, 1), start: time.Now()}
+	o := engine.Options{Processor: proc, Logger: log, Registry: e.reg, Owner: "bench"}
+	if opts != nil {
+		opts(&o)
+	}
 	go func() { // ends when stop cancels ctx and the engine has drained
-		e.done <- engine.Run(ctx, cfg, engine.Options{Processor: proc, Logger: log, Registry: e.reg, Owner: "bench"})
+		e.done <- engine.Run(ctx, cfg, o)
 	}()
 	return e
 }

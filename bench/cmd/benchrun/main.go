@@ -98,6 +98,7 @@ type options struct {
 	// The configured-pipelines section (pipelines.go).
 	onlyPipelines  bool
 	onlyAppend     bool
+	onlyPoison     bool
 	pipelineOrders int64
 	// The restart-after-kill section (killrestart.go).
 	onlyKill   bool
@@ -136,6 +137,7 @@ func run(ctx context.Context) error {
 	flag.BoolVar(&o.onlyTracing, "only-tracing", false, "run the tracing section (i) alone on a -events backlog (the table then has its rows only)")
 	flag.BoolVar(&o.onlyPipelines, "only-pipelines", false, "run the configured-pipelines section (j) alone on a -events backlog (the table then has its rows only)")
 	flag.BoolVar(&o.onlyAppend, "only-append", false, "run the append section (j2) alone on -pipeline-orders JSON orders (the table then has its rows only)")
+	flag.BoolVar(&o.onlyPoison, "only-poison", false, "run the poison section (j3) alone on -pipeline-orders JSON orders, clean and with 1 % refused by the pipeline (the table then has its rows only)")
 	flag.BoolVar(&o.onlyKill, "only-kill-restart", false, "run the restart-after-kill -9 section (k) alone (the table then has its rows only)")
 	flag.IntVar(&o.killCycles, "kill-cycles", 3, "kill -9 and restart cycles per contestant (k)")
 	flag.Float64Var(&o.killRate, "kill-rate", 1000, "events/s produced while the (k) workers are killed and restarted")
@@ -170,6 +172,7 @@ func run(ctx context.Context) error {
 		tracedTopic, tracedTopic + ".dlq"}
 	topics = append(topics, rwTopics...)
 	topics = append(topics, pipelineTopics...)
+	topics = append(topics, poisonTopics...)
 	topics = append(topics, killTopics...)
 	topics = append(topics, pgRateTopics...)
 	brokerLog, err := os.Create(filepath.Join(o.outDir, "broker.log"))
@@ -244,6 +247,12 @@ func run(ctx context.Context) error {
 	}
 	if o.onlyAppend {
 		if rep.appendSink, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, false, say); err != nil {
+			return err
+		}
+		return rep.write(began, say)
+	}
+	if o.onlyPoison {
+		if rep.poisoned, err = runPoison(ctx, env, o.pipelineOrders, o.rounds, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -439,6 +448,11 @@ func run(ctx context.Context) error {
 	// 5d2. An append pipeline (COPY) against a direct pgx CopyFrom loop,
 	// on the JSON orders (j) preloaded.
 	if rep.appendSink, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, say); err != nil {
+		return err
+	}
+	// 5d3. 1 % of the JSON orders refused by the pipeline, taken out of
+	// their batches (and split, for reference) against the clean drain.
+	if rep.poisoned, err = runPoison(ctx, env, o.pipelineOrders, o.rounds, say); err != nil {
 		return err
 	}
 

@@ -93,6 +93,11 @@ func serveRegistry(ctx context.Context) (string, error) {
 
 // preloadOrders writes n orders over 10,000 keys to topic, encoded by enc.
 func preloadOrders(ctx context.Context, brokers []string, topic string, n int64, enc func(benchOrder) ([]byte, error)) error {
+	return preloadOrdersAt(ctx, brokers, topic, n, func(_ int64, o benchOrder) ([]byte, error) { return enc(o) })
+}
+
+// preloadOrdersAt is preloadOrders with enc told each order's number.
+func preloadOrdersAt(ctx context.Context, brokers []string, topic string, n int64, enc func(int64, benchOrder) ([]byte, error)) error {
 	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": strings.Join(brokers, ","), "linger.ms": 20,
 		"enable.idempotence": true, "acks": "all", "log_level": 3})
 	if err != nil {
@@ -114,7 +119,7 @@ func preloadOrders(ctx context.Context, brokers []string, topic string, n int64,
 	for i := range n {
 		o := benchOrder{Status: "new", Amount: float64(i%1000) / 4,
 			Customer: benchCustomer{ID: fmt.Sprintf("c%d", i%777), Country: []string{"fr", "de", "es", "it"}[i%4]}}
-		v, err := enc(o)
+		v, err := enc(i, o)
 		if err != nil {
 			return err
 		}

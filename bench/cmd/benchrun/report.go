@@ -45,6 +45,7 @@ type report struct {
 	tracing    *tracingReport   // the tracing section (issue 26)
 	pipelines  *pipelinesReport // the configured-pipelines section (issue 25)
 	appendSink *appendReport    // the append section (j2)
+	poisoned   *poisonReport    // the poison section (j3)
 	kill       *killReport      // the restart-after-kill -9 section (issue 32)
 	pgRate     *pgRateReport    // the PostgreSQL-rate section (l, issue 33)
 }
@@ -101,6 +102,10 @@ func (r *report) table() string {
 	}
 	if r.opts.onlyAppend {
 		r.appendSink.rows(row)
+		return sb.String()
+	}
+	if r.opts.onlyPoison {
+		r.poisoned.rows(row)
 		return sb.String()
 	}
 	if r.opts.onlyKill {
@@ -191,6 +196,7 @@ func (r *report) table() string {
 	r.pipelines.rows(row)
 	r.appendSink.rows(row)
 	r.pgRate.rows(row)
+	r.poisoned.rows(row)
 	r.kill.rows(row)
 	for _, c := range r.commits {
 		row(fmt.Sprintf("OffsetCommit requests/s at %.0f events/s (applied %.0f/s)", c.TargetRate, c.AchievedRate),
@@ -305,6 +311,7 @@ func (r *report) markdown(table string) string {
 	sb.WriteString(r.pipelines.method())
 	sb.WriteString(r.appendSink.method())
 	sb.WriteString(r.pgRate.method())
+	sb.WriteString(r.poisoned.method())
 	sb.WriteString(r.kill.method())
 	sb.WriteString("- Commit load: the broker is a separate process whose requests cannot be counted without changing `cmd/` or `internal/`, so this part alone runs an **in-process kfake** (`kfake.NewCluster` with `ControlKey(OffsetCommit)` + `KeepControl`, counting and passing every request through) and the engine in-process at its defaults (`commit.interval=1s`), fed by `internal/produce` at the given rate; requests counted over 10 s after 5 s of warm-up.\n")
 	fmt.Fprintf(&sb, "- Restart cycles: a producer writes %.0f events/s to the contestant's own topic; the contestant (a subprocess) runs %s, gets SIGTERM, is waited for and started again, %d times; then the producer stops and one last instance catches up. Every applied event appends its id to a ledger table (no unique constraint; the naive loop one autocommit INSERT per record, ratchet inside the batch transaction): replayed = rows − distinct ids, lost = produced − distinct ids. The naive loops use static membership (`group.instance.id`) so a restart does not wait for the session timeout; ratchet uses `kafka.instance_id`.\n",
