@@ -335,4 +335,3 @@ func forgetOrReset(ctx context.Context, e *env, args []string, reset bool) error
 	}
 	return nil
 }
-
