@@ -45,10 +45,13 @@ type pipeline struct {
 	name   string
 	topic  string
 	format string
-	where  *expr // nil: every record
-	upsert *upsertSink
-	rollup *rollupSink
-	append *appendSink
+	// fingerprint is the definition's (Fingerprint), recorded with the
+	// pipeline's origin on each partition.
+	fingerprint string
+	where       *expr // nil: every record
+	upsert      *upsertSink
+	rollup      *rollupSink
+	append      *appendSink
 }
 
 // expr is one compiled CEL expression and where it came from.
@@ -170,6 +173,9 @@ func Compile(cfg config.Config) (*Set, error) {
 		s.pipelines = append(s.pipelines, p)
 		s.byTopic[p.topic] = append(s.byTopic[p.topic], p)
 		s.formats[p.topic] = p.format
+		if p.fingerprint, _, err = Fingerprint(pc); err != nil {
+			return nil, err
+		}
 	}
 	c.sharedTables(s.pipelines)
 	if len(c.ps) > 0 {
