@@ -66,6 +66,10 @@ type ApplyOptions struct {
 	// Dead lists records of the batch's range that were dead-lettered; with
 	// a claim they are recorded in ratchet_dead_letters in the transaction.
 	Dead []DeadLetter
+	// Backfill, with a nil claim, moves a backfill's position from the
+	// batch's Start to its Next in the transaction (see BackfillStep); a
+	// refused move rolls the batch back with ErrBackfillMoved.
+	Backfill *BackfillStep
 }
 
 // ApplyWith is Apply with options.
@@ -76,7 +80,10 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 	if claim != nil && (claim.Topic != b.Topic || claim.Partition != b.Partition) {
 		return fmt.Errorf("apply %s[%d]: claim is for %s[%d]", b.Topic, b.Partition, claim.Topic, claim.Partition)
 	}
-	if err := s.apply(ctx, b, claim, o.Dead); err != nil {
+	if claim != nil && o.Backfill != nil {
+		return fmt.Errorf("apply %s[%d]: a claim and a backfill step: one position per batch", b.Topic, b.Partition)
+	}
+	if err := s.apply(ctx, b, claim, o.Dead, o.Backfill); err != nil {
 		var conflict *OffsetConflictError
 		if errors.As(err, &conflict) {
 			return err
@@ -136,14 +143,14 @@ const (
 // the client: a process frozen mid-batch (GC or VM pause, SIGSTOP) does not
 // hold up the claim that fences it, since a new owner's claim waits for
 // that row's lock.
-func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter) error {
+func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead []DeadLetter, bf *BackfillStep) error {
 	tx := &lazyTx{ctx: ctx, pool: s.pool}
 	defer tx.release()
 	if err := s.process(ctx, tx, b); err != nil {
 		return err
 	}
 	begin := !tx.begun()
-	if begin && claim == nil && tx.deferred.Len() == 0 {
+	if begin && claim == nil && bf == nil && tx.deferred.Len() == 0 {
 		return nil // nothing to write, nothing to advance
 	}
 	conn, err := tx.connect(ctx)
@@ -175,6 +182,9 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 	} else {
 		dead = nil
 	}
+	if bf != nil {
+		finish.Queue(backfillAdvanceSQL, bf.Group, bf.Pipeline, b.Partition, bf.Owner, b.Start, b.Next, bf.Records)
+	}
 	deferred := tx.deferred.Len()
 	finish.QueuedQueries = append(finish.QueuedQueries, tx.deferred.QueuedQueries...)
 	finish.Queue("COMMIT")
@@ -186,7 +196,7 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 		_, *err = br.Exec()
 		return *err == nil
 	}
-	ok := (!begin || next(&beginErr)) && (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil || next(&advErr))
+	ok := (!begin || next(&beginErr)) && (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil && bf == nil || next(&advErr))
 	// In the describe exec modes pgx prepares every statement of the
 	// batch before the first runs: a deferred statement it cannot prepare
 	// (a column the table lacks) fails the first step, and only its SQL
@@ -229,6 +239,11 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, dead
 		return fmt.Errorf("set synchronous_commit: %w", setErr)
 	case deadErr != nil:
 		return fmt.Errorf("record dead letters: %w", deadErr)
+	case bf != nil && errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+			return fmt.Errorf("roll back a refused backfill step: %w", err)
+		}
+		return fmt.Errorf("backfill of pipeline %s from %d: %w", bf.Pipeline, b.Start, ErrBackfillMoved)
 	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
 		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
 			return fmt.Errorf("roll back a refused advance: %w", err)
