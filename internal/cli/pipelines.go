@@ -21,8 +21,11 @@ import (
 // last N records of each topic (sample.go) and exits 2 when one would
 // dead-letter more than --threshold of them.
 func pipelinesCmd(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && args[0] == "backfill" {
+		return backfillCmd(ctx, e, args[1:])
+	}
 	if len(args) == 0 || args[0] != "check" {
-		return usagef("usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]")
+		return usagef("usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n       "+backfillUsage[len("usage: "):])
 	}
 	fs := flags(e, "pipelines check")
 	path := fs.String("config", "", "YAML configuration file (pipelines, postgres.url)")
