@@ -25,7 +25,7 @@ func pipelinesCmd(ctx context.Context, e *env, args []string) error {
 		return backfillCmd(ctx, e, args[1:])
 	}
 	if len(args) == 0 || args[0] != "check" {
-		return usagef("usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n       "+backfillUsage[len("usage: "):])
+		return usagef("usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n       %s", backfillUsage[len("usage: "):])
 	}
 	fs := flags(e, "pipelines check")
 	path := fs.String("config", "", "YAML configuration file (pipelines, postgres.url)")
