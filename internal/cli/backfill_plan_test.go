@@ -12,9 +12,9 @@ import (
 // at most, a rate of 0 or more.
 func TestParseBackfillArgs(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		args []string
-		want string // "" for success, else part of the usage error
+		name  string
+		args  []string
+		want  string // "" for success, else part of the usage error
 		check func(backfillOptions) bool
 	}{
 		{"name only", []string{"revenue"}, "", func(o backfillOptions) bool { return o.name == "revenue" && !o.execute && o.from.IsZero() }},
