@@ -85,10 +85,12 @@ type backfillEnv struct {
 	cfg            config.Config
 	prod           *kafka.Producer
 	rng            *rand.Rand
-	version        int64
-	mu             sync.Mutex
-	orders         []bfOrder // every order produced, with its offset
-	versions       []int64   // the versions still to hand out, shuffled
+	// version makes each order's version unique; a random high part
+	// shuffles them, so that the history before the origins holds
+	// versions newer than some the live part applies, and older ones.
+	version int64
+	mu      sync.Mutex
+	orders  []bfOrder // every order produced, with its offset
 }
 
 func newBackfillEnv(t *testing.T, _ string) *backfillEnv {
@@ -127,14 +129,6 @@ func newBackfillEnvOn(t *testing.T, db, dbURL string) *backfillEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.prod.Close)
-	// Versions are handed out in a shuffled order, so that the history
-	// before the origins holds versions newer than some the live part
-	// applies, and older ones.
-	e.versions = make([]int64, 5000)
-	for i := range e.versions {
-		e.versions[i] = int64(i + 1)
-	}
-	e.rng.Shuffle(len(e.versions), func(i, j int) { e.versions[i], e.versions[j] = e.versions[j], e.versions[i] })
 	return e
 }
 
@@ -152,10 +146,10 @@ func (e *backfillEnv) produce(t *testing.T, n int, bad func(i int) bool) []bfOrd
 	topic := bfTopic
 	var batch []bfOrder
 	for i := range 2 * n {
-		o := bfOrder{ID: fmt.Sprintf("k%d", e.rng.IntN(30)), V: e.versions[0], Country: []string{"fr", "de", "it"}[e.rng.IntN(3)],
+		o := bfOrder{ID: fmt.Sprintf("k%d", e.rng.IntN(30)), V: int64(e.rng.IntN(1<<20))<<20 + e.version, Country: []string{"fr", "de", "it"}[e.rng.IntN(3)],
 			Amount: float64(e.rng.IntN(1000)), part: int32(i % 2),
 			TS: time.Date(2026, 12, 1, 9, e.rng.IntN(20), e.rng.IntN(60), 0, time.UTC).Format(time.RFC3339)}
-		e.versions = e.versions[1:]
+		e.version++
 		v, _ := json.Marshal(o)
 		if bad != nil && bad(i) {
 			o.bad = true
@@ -508,4 +502,76 @@ func TestBackfillBehindPgBouncer(t *testing.T) {
 		}
 	}
 	e.assertModel(t, true)
+}
+
+// A backfill killed with SIGKILL midway (its batches committed up to some
+// point, its lease left to expire) and run again continues from the
+// recorded position: every bucket equals the model, and the records the
+// position counts are the history's, once each. The live pipelines keep
+// applying new records meanwhile.
+func TestBackfillKilledAndRerunAppliesEachRecordOnce(t *testing.T) {
+	e := newBackfillEnv(t, "")
+	e.produce(t, 400, nil)
+	first := e.produce(t, 10, nil)
+	e.live(t, first)
+	e.begin(t, first, false)
+	stop := make(chan struct{})
+	liveDone := make(chan struct{})
+	go func() { // ends when stop is closed
+		defer close(liveDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			e.live(t, e.produce(t, 5, nil))
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-liveDone
+	}()
+
+	bin := testenv.BuildRatchet(t, "")
+	p := testenv.StartProcess(t, bin, testenv.ProcessOptions{Name: "backfill",
+		Args: []string{"pipelines", "backfill", "per_minute", "--execute", "--rate", "200", "--config", e.path}, Env: e.environ()})
+	applied := func() int64 {
+		var n int64
+		if err := e.pool.QueryRow(context.Background(), `SELECT coalesce(sum(records), 0) FROM ratchet_pipeline_backfills`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool { return applied() >= 200 }, "the backfill applied nothing; log:\n%s", p.Log())
+	p.Kill()
+	<-p.Exited()
+	killedAt := applied()
+	if killedAt >= 800 {
+		t.Fatalf("the backfill was done (%d records) before it was killed: nothing tested", killedAt)
+	}
+	t.Logf("killed after %d of 800 records", killedAt)
+	// The killed run's lease expires by the database's clock.
+	testenv.Eventually(t, 2*store.BackfillLeaseTTL, func() bool {
+		var expired bool
+		err := e.pool.QueryRow(context.Background(), `SELECT coalesce(bool_and(expires_at < now()), true) FROM ratchet_pipeline_backfill_leases`).Scan(&expired)
+		return err == nil && expired
+	}, "the killed run's lease did not expire")
+	code, out, errOut := e.backfill(t, "per_minute", "--execute")
+	if code != ExitOK {
+		t.Fatalf("rerun: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "recorded, ") {
+		t.Fatalf("the rerun did not continue the recorded backfill:\n%s", out)
+	}
+	close(stop)
+	<-liveDone
+	if n := applied(); n != 800 {
+		t.Fatalf("the backfill counts %d records applied, want 800", n)
+	}
+	e.assertModel(t, false)
 }
