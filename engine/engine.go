@@ -260,6 +260,22 @@ func (e *engine) run(ctx context.Context) error {
 				}
 				return startPostgresError(err)
 			}
+			// A pipeline whose definition changed under its name stops
+			// the start (exit code 2); a failed query is retried, never
+			// read as "nothing recorded".
+			adopted, err := recordDefinitions(ctx, p, cfg)
+			if err != nil {
+				p.Close()
+				if config.IsConfigError(err) {
+					return permanent(err)
+				}
+				return startPostgresError(err)
+			}
+			if adopted > 0 {
+				e.log.Info("pipelines adopted: their origins are recorded at the stored positions, and what lies before may already be applied",
+					"origins", adopted, "group", cfg.Kafka.GroupID)
+			}
+			proc.RecordOrigins(cfg.Kafka.GroupID)
 			e.opts.Processor = proc
 		}
 		pool = p

@@ -69,7 +69,7 @@ func commands() []command {
 		{"offsets", "show stored and committed offsets, lag and would-be rewinds; 'offsets reset' moves them", offsetsCmd},
 		{"dlq", "'dlq ls' summarises dead letters, 'dlq replay' re-produces them", dlqCmd},
 		{"migrate", "apply the database schema", migrateCmd},
-		{"pipelines", "'pipelines check' compiles the configured pipelines and checks their tables; --sample N runs them on recent records", pipelinesCmd},
+		{"pipelines", "'pipelines check' compiles the configured pipelines and checks their tables (--sample N runs them on recent records); 'status', 'reset NAME', 'forget NAME' show and remove what is recorded of each", pipelinesCmd},
 		{"version", "print the version", versionCmd},
 	}
 }

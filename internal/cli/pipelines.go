@@ -21,11 +21,24 @@ import (
 // last N records of each topic (sample.go) and exits 2 when one would
 // dead-letter more than --threshold of them.
 func pipelinesCmd(ctx context.Context, e *env, args []string) error {
-	if len(args) > 0 && args[0] == "backfill" {
-		return backfillCmd(ctx, e, args[1:])
+	if len(args) > 0 {
+		switch args[0] {
+		case "status":
+			return pipelinesStatusCmd(ctx, e, args[1:])
+		case "backfill":
+			return backfillCmd(ctx, e, args[1:])
+		case "reset":
+			return pipelinesResetCmd(ctx, e, args[1:])
+		case "forget":
+			return pipelinesForgetCmd(ctx, e, args[1:])
+		}
 	}
 	if len(args) == 0 || args[0] != "check" {
-		return usagef("usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n       %s", backfillUsage[len("usage: "):])
+		return usagef("%s", "usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n" +
+			"       ratchet pipelines status [--config FILE] [--json]\n" +
+			"       " + backfillUsage[len("usage: "):] + "\n" +
+			"       ratchet pipelines reset NAME [--execute] [--config FILE]\n" +
+			"       ratchet pipelines forget NAME [--execute] [--config FILE]")
 	}
 	fs := flags(e, "pipelines check")
 	path := fs.String("config", "", "YAML configuration file (pipelines, postgres.url)")
@@ -66,6 +79,11 @@ func pipelinesCmd(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	if err != nil {
+		return err
+	}
+	// A pipeline whose definition changed under its name: ratchet run
+	// would refuse it, with the same message.
+	if err := engine.CheckDefinitions(ctx, cfg, pool); err != nil {
 		return err
 	}
 	for _, p := range cfg.Pipelines {

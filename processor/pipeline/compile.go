@@ -42,10 +42,13 @@ type pipeline struct {
 	name   string
 	topic  string
 	format string
-	where  *expr // nil: every record
-	upsert *upsertSink
-	rollup *rollupSink
-	append *appendSink
+	// fingerprint is the definition's (Fingerprint), recorded with the
+	// pipeline's origin on each partition.
+	fingerprint string
+	where       *expr // nil: every record
+	upsert      *upsertSink
+	rollup      *rollupSink
+	append      *appendSink
 }
 
 // expr is one compiled CEL expression and where it came from.
@@ -143,6 +146,9 @@ func Compile(cfg config.Config) (*Set, error) {
 	s := &Set{byTopic: map[string][]*pipeline{}, formats: map[string]string{}, adapter: env.CELTypeAdapter()}
 	for i, pc := range cfg.Pipelines {
 		p := &pipeline{index: i, name: pc.Name, topic: pc.Topic, format: pc.Format}
+		if p.fingerprint, _, err = Fingerprint(pc); err != nil {
+			return nil, err
+		}
 		c.times, c.costLimit = boundsOf(pc), pc.Cost()
 		if pc.Where != "" {
 			p.where = c.compile(config.PipelineKey(i, "where"), pc.Where, "")

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -140,4 +141,74 @@ func canonicalExpr(src string) string {
 		return src
 	}
 	return out
+}
+
+// DiffDefinitions returns what differs between two canonical definitions
+// (Fingerprint's), a line per leaf that differs, by path, in path order:
+// `upsert.columns.amount: "double(value.amount)" → "double(value.total)"`,
+// with (none) for a side that does not have it. A definition that is not
+// JSON is compared as a whole.
+func DiffDefinitions(recorded, configured []byte) []string {
+	a, b := map[string]string{}, map[string]string{}
+	if !flatten("", recorded, a) || !flatten("", configured, b) {
+		if bytes.Equal(recorded, configured) {
+			return nil
+		}
+		return []string{fmt.Sprintf("definition: %s → %s", recorded, configured)}
+	}
+	paths := make([]string, 0, len(a)+len(b))
+	for k := range a {
+		paths = append(paths, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			paths = append(paths, k)
+		}
+	}
+	slices.Sort(paths)
+	var out []string
+	for _, k := range paths {
+		va, oka := a[k]
+		vb, okb := b[k]
+		if oka && okb && va == vb {
+			continue
+		}
+		if !oka {
+			va = "(none)"
+		}
+		if !okb {
+			vb = "(none)"
+		}
+		out = append(out, fmt.Sprintf("%s: %s → %s", k, va, vb))
+	}
+	return out
+}
+
+// flatten puts every leaf of the JSON document doc into out by its dotted
+// path, as JSON text.
+func flatten(prefix string, doc []byte, out map[string]string) bool {
+	var v any
+	if err := json.Unmarshal(doc, &v); err != nil {
+		return false
+	}
+	var walk func(p string, v any)
+	walk = func(p string, v any) {
+		if m, ok := v.(map[string]any); ok && len(m) > 0 {
+			for k, c := range m {
+				if p == "" {
+					walk(k, c)
+				} else {
+					walk(p+"."+k, c)
+				}
+			}
+			return
+		}
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(v) // a value json.Unmarshal made always encodes
+		out[p] = strings.TrimSuffix(buf.String(), "\n")
+	}
+	walk(prefix, v)
+	return true
 }

@@ -72,6 +72,9 @@ type Processor struct {
 	counters Counters
 	stmts    map[int]*statements // by pipeline index
 	types    map[int]*table
+	// origins, when set (RecordOrigins), records where each pipeline
+	// began on each partition.
+	origins *origins
 }
 
 // statements are one pipeline's SQL, built once, and how each of its
@@ -331,6 +334,14 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 				return processor.Permanent(&RecordError{Pipeline: st.pl.name, Table: sinkTable(st.pl),
 					Err: fmt.Errorf("record %s[%d]@%d: %w", rec.Topic, rec.Partition, rec.Offset, err)})
 			}
+		}
+	}
+	// The first batch a pipeline applies live on a partition records its
+	// origin there, in this transaction: committed with its rows or not
+	// at all.
+	if p.origins != nil {
+		if err := p.origins.record(ctx, tx, b.Topic, b.Partition, b.Start, pls); err != nil {
+			return err
 		}
 	}
 	// Alone in its batch, a record is being isolated: run its statements at
