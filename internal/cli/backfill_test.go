@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -574,4 +575,91 @@ func TestBackfillKilledAndRerunAppliesEachRecordOnce(t *testing.T) {
 		t.Fatalf("the backfill counts %d records applied, want 800", n)
 	}
 	e.assertModel(t, false)
+}
+
+// A rollup pipeline added to a running engine: `ratchet run` records
+// where it began on each partition with its first batch there, while a
+// producer keeps writing, and the backfill fills the history before it.
+// After the engine caught up, every bucket equals a model of every record
+// applied once from the start, and the upsert that ran throughout is
+// untouched by it.
+func TestBackfillAPipelineAddedToARunningEngine(t *testing.T) {
+	e := newBackfillEnv(t, "")
+	upsertOnly := backfillYAML[:strings.Index(backfillYAML, "  - name: per_minute")] + backfillYAML[strings.Index(backfillYAML, "  - name: latest"):]
+	load := func(yaml string) config.Config {
+		path := filepath.Join(t.TempDir(), "ratchet.yaml")
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Load(path, append(e.environ(), "RATCHET_HTTP_ADDR=127.0.0.1:0", "RATCHET_COMMIT_INTERVAL=100ms"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	run := func(cfg config.Config, owner string) *testenv.Engine {
+		return testenv.StartEngine(t, testenv.EngineOptions{}, func(ctx context.Context, log *slog.Logger, onListening func(string)) error {
+			return engine.Run(ctx, cfg, engine.Options{Logger: log.With("owner", owner), Owner: owner, OnListening: onListening})
+		})
+	}
+	stored := func() int64 {
+		var n int64
+		if err := e.pool.QueryRow(context.Background(), `SELECT coalesce(sum(next_offset), 0) FROM ratchet_offsets WHERE consumer_group = 'bf-test'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	produced := func() int64 {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return int64(len(e.orders))
+	}
+	e.produce(t, 100, nil)
+	first := run(load(upsertOnly), "a")
+	testenv.Eventually(t, 60*time.Second, func() bool { return stored() == 200 }, "the first engine did not apply the history")
+	first.Stop(t)
+
+	stop := make(chan struct{})
+	prodDone := make(chan struct{})
+	go func() { // ends when stop is closed
+		defer close(prodDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			e.produce(t, 5, nil)
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-prodDone
+	}()
+	second := run(load(backfillYAML), "b")
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		var n int
+		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM ratchet_pipeline_origins WHERE pipeline = 'per_minute'`).Scan(&n)
+		return err == nil && n == 2
+	}, "the engine did not record where per_minute began")
+	code, out, errOut := e.backfill(t, "per_minute", "--execute")
+	if code != ExitOK {
+		t.Fatalf("backfill: exit %d\n%s\n%s", code, out, errOut)
+	}
+	close(stop)
+	<-prodDone
+	testenv.Eventually(t, 60*time.Second, func() bool { return stored() == produced() }, "the engine did not catch up")
+	second.Stop(t)
+	var from, recs int64
+	if err := e.pool.QueryRow(context.Background(), `SELECT sum(to_offset - from_offset), sum(records) FROM ratchet_pipeline_backfills`).Scan(&from, &recs); err != nil {
+		t.Fatal(err)
+	}
+	if from < 200 || recs != from {
+		t.Fatalf("the backfill covered %d offsets and applied %d records; want the 200 of the history at least, each once", from, recs)
+	}
+	e.assertModel(t, true)
 }

@@ -34,10 +34,10 @@ func pipelinesCmd(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	if len(args) == 0 || args[0] != "check" {
-		return usagef("%s", "usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n" +
-			"       ratchet pipelines status [--config FILE] [--json]\n" +
-			"       " + backfillUsage[len("usage: "):] + "\n" +
-			"       ratchet pipelines reset NAME [--execute] [--config FILE]\n" +
+		return usagef("%s", "usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n"+
+			"       ratchet pipelines status [--config FILE] [--json]\n"+
+			"       "+backfillUsage[len("usage: "):]+"\n"+
+			"       ratchet pipelines reset NAME [--execute] [--config FILE]\n"+
 			"       ratchet pipelines forget NAME [--execute] [--config FILE]")
 	}
 	fs := flags(e, "pipelines check")

@@ -43,6 +43,14 @@
 //     (append.go). Each statement also collapses its rows by PostgreSQL's
 //     own equality, so ON CONFLICT never meets a row twice.
 //
+//   - Backfill (backfill.go): Set.Only is the set of one pipeline, what
+//     `ratchet pipelines backfill NAME` applies to the history before the
+//     pipeline began live; Backfillable refuses the pipelines whose table
+//     it could not fill as if the pipeline had been there from the start
+//     (an upsert without upsert.version, or with on_tombstone delete). A
+//     record carrying the header ratchet.backfill (a replayed dead letter
+//     of a backfill) is applied by the pipeline it names only.
+//
 // The life of one record: the partition decodes it (Decoder); the batch
 // reaches Processor.Process; each pipeline of the topic evaluates it. A
 // record that any pipeline cannot evaluate fails the whole batch with a
