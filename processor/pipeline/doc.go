@@ -13,16 +13,19 @@
 //     (the two would apply in pipeline order, not offset order), and an
 //     append that shares one with a rollup; rollups may share with
 //     rollups, appends with appends.
+//
 //   - Decoder (decode.go) turns a record value into what the expressions
 //     read as value: a JSON document into maps, lists, strings, int64,
 //     float64 and bools; a ratchet.v1.Event (format event) stays the
 //     message the topic's decoder made.
+//
 //   - Check (schema.go) compares every pipeline with the database: the
 //     table and its columns exist and a unique constraint or primary key
 //     covers exactly the upsert key, or the rollup's group columns and
 //     bucket column (an append needs none). It also learns each column's type, which decides how
 //     the writes send its values (wire.go: typed arrays for the common
 //     types, text cast in the statement for the others).
+//
 //   - toTime (times.go) reads every time a pipeline takes (a rollup's
 //     time, timestamp columns): a timestamp, RFC 3339 with a zone, or
 //     epoch milliseconds within the pipeline's epoch_millis_window of the
@@ -30,6 +33,7 @@
 //     Every evaluation of an expression whose cost grows with the record
 //     is bounded by the pipeline's cost_limit (a record error past it) and
 //     stopped by the batch's context (a retry, ErrInterrupted).
+//
 //   - Processor (processor.go) applies a batch: for each record, in offset
 //     order, every pipeline of its topic evaluates its expressions; upsert
 //     rows are ranked per key (rank n: each key's n-th record of the
