@@ -5,7 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/actors"
 	"ratchet/internal/store"
+	"ratchet/processor/pipeline"
 )
 
 // The flags of `pipelines backfill`: NAME before or after them, one start
@@ -127,5 +131,28 @@ func TestPlanBackfill(t *testing.T) {
 				t.Fatalf("err %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// `dlq replay` keeps ratchet.backfill on the record it re-produces (it
+// drops only the headers the DLQ adds), so that the engine applies a
+// replayed backfill dead letter in its pipeline only.
+func TestReplayKeepsTheBackfillHeader(t *testing.T) {
+	topic := "orders.dlq"
+	m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: 0, Offset: 3}, Value: []byte("{}"),
+		Headers: []kafka.Header{{Key: "trace", Value: []byte("x")}, {Key: actors.HeaderError, Value: []byte("pipeline per_minute: bad")},
+			{Key: actors.HeaderTopic, Value: []byte("orders")}, {Key: actors.HeaderPartition, Value: []byte("1")},
+			{Key: actors.HeaderOffset, Value: []byte("8")}, {Key: actors.HeaderAttempts, Value: []byte("1")},
+			{Key: actors.HeaderFailedAt, Value: []byte("2026-12-05T08:00:00Z")}, {Key: pipeline.HeaderBackfill, Value: []byte("per_minute")}}}
+	d := parseDeadLetter(m)
+	if d.Unreadable != "" {
+		t.Fatalf("unreadable: %s", d.Unreadable)
+	}
+	var kept []string
+	for _, h := range d.Headers {
+		kept = append(kept, h.Key+"="+string(h.Value))
+	}
+	if strings.Join(kept, ",") != "trace=x,ratchet.backfill=per_minute" {
+		t.Fatalf("headers kept for the replay: %v", kept)
 	}
 }
