@@ -123,7 +123,22 @@ ON CONFLICT DO NOTHING`, group, names, topics, fps)
 // CompareDefinitions returns the pipelines of defs whose definition
 // differs from the one recorded for group, recording nothing (ratchet
 // pipelines check).
+//
+// A database that ratchet has not migrated yet (no
+// ratchet_pipeline_definitions table: no ratchet run has recorded
+// anything there) has no change.
 func CompareDefinitions(ctx context.Context, q Querier, group string, defs []PipelineDefinition) ([]DefinitionChange, error) {
+	rows, err := q.Query(ctx, "SELECT to_regclass('ratchet_pipeline_definitions') IS NOT NULL")
+	if err != nil {
+		return nil, fmt.Errorf("look for ratchet_pipeline_definitions: %w", err)
+	}
+	migrated, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return nil, fmt.Errorf("look for ratchet_pipeline_definitions: %w", err)
+	}
+	if !migrated {
+		return nil, nil
+	}
 	recorded, err := readDefinitions(ctx, q, group)
 	if err != nil {
 		return nil, err

@@ -146,9 +146,6 @@ func Compile(cfg config.Config) (*Set, error) {
 	s := &Set{byTopic: map[string][]*pipeline{}, formats: map[string]string{}, adapter: env.CELTypeAdapter()}
 	for i, pc := range cfg.Pipelines {
 		p := &pipeline{index: i, name: pc.Name, topic: pc.Topic, format: pc.Format}
-		if p.fingerprint, _, err = Fingerprint(pc); err != nil {
-			return nil, err
-		}
 		c.times, c.costLimit = boundsOf(pc), pc.Cost()
 		if pc.Where != "" {
 			p.where = c.compile(config.PipelineKey(i, "where"), pc.Where, "")
@@ -168,6 +165,9 @@ func Compile(cfg config.Config) (*Set, error) {
 		s.pipelines = append(s.pipelines, p)
 		s.byTopic[p.topic] = append(s.byTopic[p.topic], p)
 		s.formats[p.topic] = p.format
+		if p.fingerprint, _, err = Fingerprint(pc); err != nil {
+			return nil, err
+		}
 	}
 	c.sharedTables(s.pipelines)
 	if len(c.ps) > 0 {

@@ -46,6 +46,13 @@
 //     one merge; an append one COPY in text format, sent at once
 //     (append.go). Each statement also collapses its rows by PostgreSQL's
 //     own equality, so ON CONFLICT never meets a row twice.
+//   - Fingerprint (fingerprint.go) hashes what decides what a pipeline
+//     writes, in a canonical form that formatting, comments and key order
+//     do not change; ratchet run records it per pipeline at start and
+//     refuses a pipeline whose definition changed under its name.
+//     RecordOrigins (origins.go) makes the Processor record, in the
+//     transaction of the first batch it applies on a partition, the
+//     offset from which each pipeline is applied live there.
 //
 //   - Backfill (backfill.go): Set.Only is the set of one pipeline, what
 //     `ratchet pipelines backfill NAME` applies to the history before the

@@ -141,6 +141,18 @@ CREATE TABLE events_seen (id text PRIMARY KEY, metric text, value double precisi
 	if seen != events {
 		t.Errorf("events_seen holds %d rows, produced %d events", seen, events)
 	}
+	// Each pipeline's origin on each partition committed with its first
+	// batch, whatever the kills: every event was applied, so every
+	// partition's first batch began at offset 0, with the recorded
+	// definition's fingerprint.
+	var origins, consistent int64
+	if err := pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE o.live_from = 0 AND NOT o.adopted AND o.fingerprint = d.fingerprint)
+FROM ratchet_pipeline_origins o LEFT JOIN ratchet_pipeline_definitions d USING (consumer_group, pipeline)`).Scan(&origins, &consistent); err != nil {
+		t.Fatal(err)
+	}
+	if origins != 2*6 || consistent != origins {
+		t.Errorf("%d origins, %d of them from offset 0 with the recorded fingerprint; want 12 of 12", origins, consistent)
+	}
 }
 
 // startWithConfig starts `ratchet run --config path` with env.
