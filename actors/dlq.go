@@ -261,6 +261,15 @@ func (d *DLQ) produce(c actor.Context, item *dlqItem) {
 	}
 }
 
+// DeadLetterHeaders are the headers the DLQ actor gives l's dead letter:
+// for a dead letter written by another path (`ratchet pipelines
+// backfill`) that must read as the engine's. decoding says the decoder
+// refused the record.
+func DeadLetterHeaders(l Letter, decoding bool) []kafka.Header {
+	l.decoding = decoding
+	return letterHeaders(&l)
+}
+
 // letterHeaders are the headers of l's dead letter: the original headers
 // first, then ratchet's (with the original timestamp, `ratchet dlq replay`
 // re-produces the record as it was).

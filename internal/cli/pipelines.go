@@ -25,6 +25,8 @@ func pipelinesCmd(ctx context.Context, e *env, args []string) error {
 		switch args[0] {
 		case "status":
 			return pipelinesStatusCmd(ctx, e, args[1:])
+		case "backfill":
+			return backfillCmd(ctx, e, args[1:])
 		case "reset":
 			return pipelinesResetCmd(ctx, e, args[1:])
 		case "forget":
@@ -32,9 +34,10 @@ func pipelinesCmd(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	if len(args) == 0 || args[0] != "check" {
-		return usagef("usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n" +
-			"       ratchet pipelines status [--config FILE] [--json]\n" +
-			"       ratchet pipelines reset NAME [--execute] [--config FILE]\n" +
+		return usagef("%s", "usage: ratchet pipelines check [--config FILE] [--sample N [--threshold F]]\n"+
+			"       ratchet pipelines status [--config FILE] [--json]\n"+
+			"       "+backfillUsage[len("usage: "):]+"\n"+
+			"       ratchet pipelines reset NAME [--execute] [--config FILE]\n"+
 			"       ratchet pipelines forget NAME [--execute] [--config FILE]")
 	}
 	fs := flags(e, "pipelines check")

@@ -79,6 +79,10 @@ type ApplyOptions struct {
 	// transaction back and is returned as the batch's. Nil: a record the
 	// processor refuses fails the batch.
 	Reject func(ctx context.Context, rejected []Rejected) ([]DeadLetter, error)
+	// Backfill, with a nil claim, moves a backfill's position from the
+	// batch's Start to its Next in the transaction (see BackfillStep); a
+	// refused move rolls the batch back with ErrBackfillMoved.
+	Backfill *BackfillStep
 }
 
 // Rejected is a record the processor took out of its batch.
@@ -114,6 +118,9 @@ func (s *Store) ApplyWith(ctx context.Context, b processor.Batch, claim *Claim, 
 	}
 	if claim != nil && (claim.Topic != b.Topic || claim.Partition != b.Partition) {
 		return fmt.Errorf("apply %s[%d]: claim is for %s[%d]", b.Topic, b.Partition, claim.Topic, claim.Partition)
+	}
+	if claim != nil && o.Backfill != nil {
+		return fmt.Errorf("apply %s[%d]: a claim and a backfill step: one position per batch", b.Topic, b.Partition)
 	}
 	if err := s.apply(ctx, b, claim, o); err != nil {
 		var conflict *OffsetConflictError
@@ -186,6 +193,7 @@ const (
 // that row's lock.
 func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, o ApplyOptions) error {
 	tx := &lazyTx{ctx: ctx, pool: s.pool, rejecting: o.Reject != nil}
+	bf := o.Backfill
 	defer tx.release()
 	if err := s.process(ctx, tx, b); err != nil {
 		return err
@@ -205,7 +213,7 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, o Ap
 		dead = append(dead[:len(dead):len(dead)], rows...)
 	}
 	begin := !tx.begun()
-	if begin && claim == nil && tx.deferred.Len() == 0 {
+	if begin && claim == nil && bf == nil && tx.deferred.Len() == 0 {
 		return nil // nothing to write, nothing to advance
 	}
 	conn, err := tx.connect(ctx)
@@ -237,6 +245,9 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, o Ap
 	} else {
 		dead = nil
 	}
+	if bf != nil {
+		finish.Queue(backfillAdvanceSQL, bf.Group, bf.Pipeline, b.Partition, bf.Owner, b.Start, b.Next, bf.Records)
+	}
 	deferred := tx.deferred.Len()
 	finish.QueuedQueries = append(finish.QueuedQueries, tx.deferred.QueuedQueries...)
 	finish.Queue("COMMIT")
@@ -248,7 +259,7 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, o Ap
 		_, *err = br.Exec()
 		return *err == nil
 	}
-	ok := (!begin || next(&beginErr)) && (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil || next(&advErr))
+	ok := (!begin || next(&beginErr)) && (!async || next(&setErr)) && (len(dead) == 0 || next(&deadErr)) && (claim == nil && bf == nil || next(&advErr))
 	// In the describe exec modes pgx prepares every statement of the
 	// batch before the first runs: a deferred statement it cannot prepare
 	// (a column the table lacks) fails the first step, and only its SQL
@@ -291,6 +302,11 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, o Ap
 		return fmt.Errorf("set synchronous_commit: %w", setErr)
 	case deadErr != nil:
 		return fmt.Errorf("record dead letters: %w", deadErr)
+	case bf != nil && errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+			return fmt.Errorf("roll back a refused backfill step: %w", err)
+		}
+		return fmt.Errorf("backfill of pipeline %s from %d: %w", bf.Pipeline, b.Start, ErrBackfillMoved)
 	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
 		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
 			return fmt.Errorf("roll back a refused advance: %w", err)

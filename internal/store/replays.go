@@ -210,8 +210,9 @@ var ReplayLeaseTTL = 30 * time.Second
 // notices, and the drift between the holder's clock and the database's.
 func replayLeaseMargin(ttl time.Duration) time.Duration { return ttl / 5 }
 
-// ReplayLease is a held lease of one dead-letter topic's replays (see
-// LockReplays).
+// Lease is a held lease of one thing only one run may do at a time: the
+// replays of one dead-letter topic (LockReplays), the backfill of one
+// pipeline (LockBackfill).
 //
 // The holder knows until when it may act without asking the database:
 // the expiry it last secured, counted by its own monotonic clock from
@@ -221,12 +222,18 @@ func replayLeaseMargin(ttl time.Duration) time.Duration { return ttl / 5 }
 // or slower than the lease), Lost closes and Err says why, before another
 // run can take the lease; a renewal that finds the lease taken closes
 // Lost too. Lost never reopens.
-type ReplayLease struct {
-	pool   *pgxpool.Pool
-	topic  string
-	owner  string
-	ttl    time.Duration
-	margin time.Duration
+type Lease struct {
+	pool *pgxpool.Pool
+	what string // what the lease is of, for errors: "replays of events.dlq"
+	// lostErr is the sentinel Err wraps once the lease is lost.
+	lostErr error
+	// extendSQL and releaseSQL renew and delete the row; their arguments
+	// are key, then the owner (and, to extend, the TTL in milliseconds).
+	extendSQL, releaseSQL string
+	key                   []any
+	owner                 string
+	ttl                   time.Duration
+	margin                time.Duration
 	// extend runs one renewal: held false means the row is no longer this
 	// owner's. A field so that tests can fail it.
 	extend   func(ctx context.Context) (held bool, err error)
@@ -238,6 +245,75 @@ type ReplayLease struct {
 	mu       sync.Mutex
 	deadline time.Time // the holder's own deadline (monotonic); guarded by mu
 	err      error     // why lost is closed; guarded by mu
+}
+
+// ReplayLease is a held lease of one dead-letter topic's replays (see
+// LockReplays).
+type ReplayLease = Lease
+
+// leaseTable is the SQL of one kind of lease row. Every statement takes
+// the row's key first, then the owner, then (claim, extend) the TTL in
+// milliseconds.
+type leaseTable struct {
+	claim   string // inserts or takes over an expired row; returns owner, expires_at
+	holder  string // reads owner and expires_at by key
+	extend  string
+	release string
+	lostErr error // what Err wraps once a lease is lost
+	busyErr error // what a claim refused returns
+}
+
+var replayLeases = leaseTable{
+	claim: `
+INSERT INTO ratchet_replay_leases AS l (dlq_topic, owner, expires_at)
+VALUES ($1, $2, now() + $3 * interval '1 millisecond')
+ON CONFLICT (dlq_topic) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+WHERE l.expires_at < now() OR l.owner = EXCLUDED.owner
+RETURNING owner, expires_at`,
+	holder: `SELECT owner, expires_at FROM ratchet_replay_leases WHERE dlq_topic = $1`,
+	extend: `
+UPDATE ratchet_replay_leases SET expires_at = now() + $3 * interval '1 millisecond'
+WHERE dlq_topic = $1 AND owner = $2`,
+	release: `DELETE FROM ratchet_replay_leases WHERE dlq_topic = $1 AND owner = $2`,
+	lostErr: ErrReplayLeaseLost,
+	busyErr: ErrReplayRunning,
+}
+
+// lock takes the lease of key (what names it in errors) for owner, or
+// returns t.busyErr at once while another run holds an unexpired one. The
+// lease is renewed until Release, or until ctx ends without Release (as a
+// killed run stops renewing): then it expires after ttl.
+func (t leaseTable) lock(ctx context.Context, pool *pgxpool.Pool, what, owner string, ttl time.Duration, key ...any) (*Lease, error) {
+	var holder string
+	var until time.Time
+	sent := time.Now()
+	// A claim answered after the holder's deadline would be a lease
+	// already lost: the claim waits no longer than that.
+	cctx, cancel := context.WithDeadline(ctx, sent.Add(ttl-replayLeaseMargin(ttl)))
+	defer cancel()
+	args := append(append([]any{}, key...), owner, ttl.Milliseconds())
+	err := pool.QueryRow(cctx, t.claim, args...).Scan(&holder, &until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if err := pool.QueryRow(cctx, t.holder, key...).Scan(&holder, &until); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("lock %s: %w", what, err)
+		}
+		return nil, fmt.Errorf("%s: %w (%s, lease until %s)", what, t.busyErr, holder, until.UTC().Format(time.RFC3339))
+	}
+	if err != nil {
+		if ctx.Err() == nil && cctx.Err() != nil {
+			return nil, fmt.Errorf("lock %s: not answered within %v, before the lease would have to be given up: %w",
+				what, ttl-replayLeaseMargin(ttl), err)
+		}
+		return nil, fmt.Errorf("lock %s: %w", what, err)
+	}
+	l := newLease(what, owner, ttl, sent, nil)
+	l.pool, l.lostErr, l.key = pool, t.lostErr, key
+	l.extendSQL, l.releaseSQL = t.extend, t.release
+	l.extend = l.extendRow
+	rctx, stop := context.WithCancel(ctx)
+	l.stop = stop
+	go l.renew(rctx) // ends with rctx (Release, or the caller's ctx) or when the lease is lost
+	return l, nil
 }
 
 // LockReplays takes the lease of dlqTopic's replays for owner, or returns
@@ -255,57 +331,30 @@ type ReplayLease struct {
 // design) stayed held on whichever server session took it, and was
 // released, if at all, on another one.
 func LockReplays(ctx context.Context, pool *pgxpool.Pool, dlqTopic, owner string) (*ReplayLease, error) {
-	ttl := ReplayLeaseTTL
-	var holder string
-	var until time.Time
-	sent := time.Now()
-	// A claim answered after the holder's deadline would be a lease
-	// already lost: the claim waits no longer than that.
-	cctx, cancel := context.WithDeadline(ctx, sent.Add(ttl-replayLeaseMargin(ttl)))
-	defer cancel()
-	err := pool.QueryRow(cctx, `
-INSERT INTO ratchet_replay_leases AS l (dlq_topic, owner, expires_at)
-VALUES ($1, $2, now() + $3 * interval '1 millisecond')
-ON CONFLICT (dlq_topic) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-WHERE l.expires_at < now() OR l.owner = EXCLUDED.owner
-RETURNING owner, expires_at`, dlqTopic, owner, ttl.Milliseconds()).Scan(&holder, &until)
-	if errors.Is(err, pgx.ErrNoRows) {
-		if err := pool.QueryRow(cctx, `SELECT owner, expires_at FROM ratchet_replay_leases WHERE dlq_topic = $1`,
-			dlqTopic).Scan(&holder, &until); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
-		}
-		return nil, fmt.Errorf("%s: %w (%s, lease until %s)", dlqTopic, ErrReplayRunning, holder, until.UTC().Format(time.RFC3339))
-	}
-	if err != nil {
-		if ctx.Err() == nil && cctx.Err() != nil {
-			return nil, fmt.Errorf("lock replays of %s: not answered within %v, before the lease would have to be given up: %w",
-				dlqTopic, ttl-replayLeaseMargin(ttl), err)
-		}
-		return nil, fmt.Errorf("lock replays of %s: %w", dlqTopic, err)
-	}
-	l := newReplayLease(dlqTopic, owner, ttl, sent, nil)
-	l.pool = pool
-	l.extend = l.extendRow
-	rctx, stop := context.WithCancel(ctx)
-	l.stop = stop
-	go l.renew(rctx) // ends with rctx (Release, or the caller's ctx) or when the lease is lost
-	return l, nil
+	return replayLeases.lock(ctx, pool, "replays of "+dlqTopic, owner, ReplayLeaseTTL, dlqTopic)
 }
 
 // newReplayLease is a lease secured by a request sent at sent; extend
 // renews it. The caller starts renew.
 func newReplayLease(topic, owner string, ttl time.Duration, sent time.Time,
 	extend func(context.Context) (bool, error)) *ReplayLease {
+	l := newLease("replays of "+topic, owner, ttl, sent, extend)
+	l.lostErr = ErrReplayLeaseLost
+	return l
+}
+
+// newLease is a lease of what secured by a request sent at sent; extend
+// renews it. The caller sets the rest and starts renew.
+func newLease(what, owner string, ttl time.Duration, sent time.Time, extend func(context.Context) (bool, error)) *Lease {
 	margin := replayLeaseMargin(ttl)
-	return &ReplayLease{topic: topic, owner: owner, ttl: ttl, margin: margin, extend: extend,
+	return &Lease{what: what, owner: owner, ttl: ttl, margin: margin, extend: extend,
 		renewing: make(chan struct{}), lost: make(chan struct{}), deadline: sent.Add(ttl - margin)}
 }
 
 // extendRow renews the lease row for another ttl by the database's clock.
-func (l *ReplayLease) extendRow(ctx context.Context) (bool, error) {
-	tag, err := l.pool.Exec(ctx, `
-UPDATE ratchet_replay_leases SET expires_at = now() + $3 * interval '1 millisecond'
-WHERE dlq_topic = $1 AND owner = $2`, l.topic, l.owner, l.ttl.Milliseconds())
+func (l *Lease) extendRow(ctx context.Context) (bool, error) {
+	args := append(append([]any{}, l.key...), l.owner, l.ttl.Milliseconds())
+	tag, err := l.pool.Exec(ctx, l.extendSQL, args...)
 	if err != nil {
 		return false, err
 	}
@@ -315,8 +364,8 @@ WHERE dlq_topic = $1 AND owner = $2`, l.topic, l.owner, l.ttl.Milliseconds())
 // renewInterval is how long after a renewal the next one is sent, and
 // renewRetry how soon a failed one is tried again: several tries fit
 // before the holder's deadline.
-func (l *ReplayLease) renewInterval() time.Duration { return l.ttl / 3 }
-func (l *ReplayLease) renewRetry() time.Duration    { return l.ttl / 15 }
+func (l *Lease) renewInterval() time.Duration { return l.ttl / 3 }
+func (l *Lease) renewRetry() time.Duration    { return l.ttl / 15 }
 
 // renew extends the lease every ttl/3 until ctx ends. Each renewal is
 // bounded by the holder's deadline (a renewal answered later could not
@@ -324,7 +373,7 @@ func (l *ReplayLease) renewRetry() time.Duration    { return l.ttl / 15 }
 // deadline passes, and then the lease is lost. A renewal that finds the
 // lease taken by another run loses it at once. It closes renewing when it
 // returns.
-func (l *ReplayLease) renew(ctx context.Context) {
+func (l *Lease) renew(ctx context.Context) {
 	defer close(l.renewing)
 	next := time.Now().Add(l.renewInterval())
 	var lastErr error
@@ -343,7 +392,7 @@ func (l *ReplayLease) renew(ctx context.Context) {
 				why = "last renewal: " + lastErr.Error()
 			}
 			l.lose(fmt.Errorf("%w: not renewed before it expires (%s): stopped at its holder's deadline, %v before the expiry the database counts",
-				ErrReplayLeaseLost, why, l.margin))
+				l.lostErr, why, l.margin))
 			return
 		}
 		sent := time.Now()
@@ -361,7 +410,7 @@ func (l *ReplayLease) renew(ctx context.Context) {
 			lastErr = err
 			next = time.Now().Add(l.renewRetry())
 		case !held:
-			l.lose(fmt.Errorf("%w: taken by another run (this one could not renew it in time)", ErrReplayLeaseLost))
+			l.lose(fmt.Errorf("%w: taken by another run (this one could not renew it in time)", l.lostErr))
 			return
 		default:
 			lastErr = nil
@@ -380,9 +429,9 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-func (l *ReplayLease) lose(err error) {
+func (l *Lease) lose(err error) {
 	l.mu.Lock()
-	l.err = fmt.Errorf("replays of %s: %w", l.topic, err)
+	l.err = fmt.Errorf("%s: %w", l.what, err)
 	l.mu.Unlock()
 	close(l.lost)
 }
@@ -391,11 +440,11 @@ func (l *ReplayLease) lose(err error) {
 // taken by another run, or the holder's deadline passed without a
 // successful renewal (before the database would let another run take
 // it). Err says which.
-func (l *ReplayLease) Lost() <-chan struct{} { return l.lost }
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Err is nil while the lease is held, and once Lost is closed says why
-// (it wraps ErrReplayLeaseLost).
-func (l *ReplayLease) Err() error {
+// (it wraps ErrReplayLeaseLost, or ErrBackfillLeaseLost).
+func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.err
@@ -404,7 +453,7 @@ func (l *ReplayLease) Err() error {
 // Deadline is the holder's own deadline: the monotonic time until which it
 // may act on the lease without a further renewal. A wait that must end
 // while the lease is held is bounded by it.
-func (l *ReplayLease) Deadline() time.Time {
+func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.deadline
@@ -412,16 +461,16 @@ func (l *ReplayLease) Deadline() time.Time {
 
 // Release stops renewing and gives the lease up (if it is still this
 // run's). A failed release leaves the lease to expire.
-func (l *ReplayLease) Release(ctx context.Context) error {
+func (l *Lease) Release(ctx context.Context) error {
 	var err error
 	l.once.Do(func() {
 		l.stop()
 		<-l.renewing
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if _, e := l.pool.Exec(ctx, `DELETE FROM ratchet_replay_leases WHERE dlq_topic = $1 AND owner = $2`,
-			l.topic, l.owner); e != nil {
-			err = fmt.Errorf("release replay lease of %s: %w", l.topic, e)
+		args := append(append([]any{}, l.key...), l.owner)
+		if _, e := l.pool.Exec(ctx, l.releaseSQL, args...); e != nil {
+			err = fmt.Errorf("release the lease of %s: %w", l.what, e)
 		}
 	})
 	return err

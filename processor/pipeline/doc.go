@@ -13,6 +13,7 @@
 //     (the two would apply in pipeline order, not offset order), and an
 //     append that shares one with a rollup; rollups may share with
 //     rollups, appends with appends.
+//
 //   - Decoder (decode.go) turns a record value into what the expressions
 //     read as value: a JSON document into maps, lists, strings, int64,
 //     float64 and bools; a ratchet.v1.Event (format event) stays the
@@ -20,12 +21,14 @@
 //     value the expressions of each topic read (reads.go), and the
 //     topic's JSON decoder builds only those (partial.go), refusing
 //     exactly what the full decode refuses.
+//
 //   - Check (schema.go) compares every pipeline with the database: the
 //     table and its columns exist and a unique constraint or primary key
 //     covers exactly the upsert key, or the rollup's group columns and
 //     bucket column (an append needs none). It also learns each column's type, which decides how
 //     the writes send its values (wire.go: typed arrays for the common
 //     types, text cast in the statement for the others).
+//
 //   - toTime (times.go) reads every time a pipeline takes (a rollup's
 //     time, timestamp columns): a timestamp, RFC 3339 with a zone, or
 //     epoch milliseconds within the pipeline's epoch_millis_window of the
@@ -33,6 +36,7 @@
 //     Every evaluation of an expression whose cost grows with the record
 //     is bounded by the pipeline's cost_limit (a record error past it) and
 //     stopped by the batch's context (a retry, ErrInterrupted).
+//
 //   - Processor (processor.go) applies a batch: for each record, in offset
 //     order, every pipeline of its topic evaluates its expressions; upsert
 //     rows are ranked per key (rank n: each key's n-th record of the
@@ -52,6 +56,14 @@
 //     RecordOrigins (origins.go) makes the Processor record, in the
 //     transaction of the first batch it applies on a partition, the
 //     offset from which each pipeline is applied live there.
+//
+//   - Backfill (backfill.go): Set.Only is the set of one pipeline, what
+//     `ratchet pipelines backfill NAME` applies to the history before the
+//     pipeline began live; Backfillable refuses the pipelines whose table
+//     it could not fill as if the pipeline had been there from the start
+//     (an upsert without upsert.version, or with on_tombstone delete). A
+//     record carrying the header ratchet.backfill (a replayed dead letter
+//     of a backfill) is applied by the pipeline it names only.
 //
 // The life of one record: the partition decodes it (Decoder); the batch
 // reaches Processor.Process; each pipeline of the topic evaluates it. A

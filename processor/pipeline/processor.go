@@ -384,8 +384,14 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 		if err != nil {
 			return fmt.Errorf("pipelines: CEL activation: %w", err)
 		}
+		// A replayed dead letter of a backfill is for its pipeline only:
+		// the others are marked (undo of theirs is then a no-op) and skip it.
+		only, marked := backfillOf(rec.Headers)
 		for j, st := range states {
 			st.mark()
+			if marked && st.pl.name != only {
+				continue
+			}
 			if err := p.collect(st, rec, act); err != nil {
 				if errors.Is(err, ErrInterrupted) {
 					return fmt.Errorf("pipeline %s: %w", st.pl.name, err) // a stop, not the record's fault: the batch is retried
