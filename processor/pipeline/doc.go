@@ -49,6 +49,7 @@
 //     one merge; an append one COPY in text format, sent at once
 //     (append.go). Each statement also collapses its rows by PostgreSQL's
 //     own equality, so ON CONFLICT never meets a row twice.
+//
 //   - Fingerprint (fingerprint.go) hashes what decides what a pipeline
 //     writes, in a canonical form that formatting, comments and key order
 //     do not change; ratchet run records it per pipeline at start and
