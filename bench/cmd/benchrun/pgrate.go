@@ -250,43 +250,11 @@ func serveSchemas(ctx context.Context, schemas map[int]map[string]string) (strin
 // preloadPGOrders writes orders 0..n-1 to topic, order i to partition
 // i % 12 with key "o<i>", encoded by enc.
 func preloadPGOrders(ctx context.Context, brokers []string, topic string, n int64, enc func([]byte, pgOrder) ([]byte, error)) error {
-	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": strings.Join(brokers, ","), "linger.ms": 20,
-		"enable.idempotence": true, "acks": "all", "log_level": 3})
-	if err != nil {
-		return err
-	}
-	defer p.Close()
-	deliveries := make(chan kafka.Event, 10_000)
-	errs := make(chan error, 1)
-	go func() { // ends after n delivery reports
-		var first error
-		for range n {
-			if m := (<-deliveries).(*kafka.Message); m.TopicPartition.Error != nil && first == nil {
-				first = m.TopicPartition.Error
-			}
-		}
-		errs <- first
-	}()
-	t := topic
-	for i := range n {
+	return produceN(ctx, brokers, topic, n, func(i int64) (int32, []byte, []byte, error) {
 		o := makeOrder(i)
 		v, err := enc(nil, o)
-		if err != nil {
-			return err
-		}
-		for {
-			err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: int32(i % pgRatePartitions)},
-				Key: []byte(o.ID), Value: v}, deliveries)
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			p.Flush(50)
-		}
-	}
-	return <-errs
+		return int32(i % pgRatePartitions), []byte(o.ID), v, err
+	})
 }
 
 // pgRateColumns are the upsert table's columns, the key first.

@@ -98,6 +98,18 @@ func preloadOrders(ctx context.Context, brokers []string, topic string, n int64,
 
 // preloadOrdersAt is preloadOrders with enc told each order's number.
 func preloadOrdersAt(ctx context.Context, brokers []string, topic string, n int64, enc func(int64, benchOrder) ([]byte, error)) error {
+	return produceN(ctx, brokers, topic, n, func(i int64) (int32, []byte, []byte, error) {
+		o := benchOrder{Status: "new", Amount: float64(i%1000) / 4,
+			Customer: benchCustomer{ID: fmt.Sprintf("c%d", i%777), Country: []string{"fr", "de", "es", "it"}[i%4]}}
+		v, err := enc(i, o)
+		return kafka.PartitionAny, fmt.Appendf(nil, "o%d", i%10_000), v, err
+	})
+}
+
+// produceN writes the n records next makes (partition, key, value) to
+// topic with an idempotent producer, and returns the first failed
+// delivery's error, once every record was reported.
+func produceN(ctx context.Context, brokers []string, topic string, n int64, next func(int64) (int32, []byte, []byte, error)) error {
 	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": strings.Join(brokers, ","), "linger.ms": 20,
 		"enable.idempotence": true, "acks": "all", "log_level": 3})
 	if err != nil {
@@ -117,15 +129,13 @@ func preloadOrdersAt(ctx context.Context, brokers []string, topic string, n int6
 	}()
 	t := topic
 	for i := range n {
-		o := benchOrder{Status: "new", Amount: float64(i%1000) / 4,
-			Customer: benchCustomer{ID: fmt.Sprintf("c%d", i%777), Country: []string{"fr", "de", "es", "it"}[i%4]}}
-		v, err := enc(i, o)
+		part, key, v, err := next(i)
 		if err != nil {
 			return err
 		}
 		for {
-			err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: kafka.PartitionAny},
-				Key: fmt.Appendf(nil, "o%d", i%10_000), Value: v}, deliveries)
+			err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: part},
+				Key: key, Value: v}, deliveries)
 			if err == nil {
 				break
 			}
