@@ -585,35 +585,11 @@ func TestBackfillKilledAndRerunAppliesEachRecordOnce(t *testing.T) {
 // untouched by it.
 func TestBackfillAPipelineAddedToARunningEngine(t *testing.T) {
 	e := newBackfillEnv(t, "")
-	upsertOnly := backfillYAML[:strings.Index(backfillYAML, "  - name: per_minute")] + backfillYAML[strings.Index(backfillYAML, "  - name: latest"):]
-	load := func(yaml string) config.Config {
-		path := filepath.Join(t.TempDir(), "ratchet.yaml")
-		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := config.Load(path, append(e.environ(), "RATCHET_HTTP_ADDR=127.0.0.1:0", "RATCHET_COMMIT_INTERVAL=100ms"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
-	run := func(cfg config.Config, owner string) *testenv.Engine {
-		return testenv.StartEngine(t, testenv.EngineOptions{}, func(ctx context.Context, log *slog.Logger, onListening func(string)) error {
-			return engine.Run(ctx, cfg, engine.Options{Logger: log.With("owner", owner), Owner: owner, OnListening: onListening})
-		})
-	}
-	stored := func() int64 {
-		var n int64
-		if err := e.pool.QueryRow(context.Background(), `SELECT coalesce(sum(next_offset), 0) FROM ratchet_offsets WHERE consumer_group = 'bf-test'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	produced := func() int64 {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return int64(len(e.orders))
-	}
+	load := func(yaml string) config.Config { return e.load(t, yaml) }
+	run := func(cfg config.Config, owner string) *testenv.Engine { return e.run(t, cfg, owner) }
+	stored := func() int64 { return e.stored(t) }
+	produced := e.produced
+	upsertOnly := backfillUpsertOnly()
 	e.produce(t, 100, nil)
 	first := run(load(upsertOnly), "a")
 	testenv.Eventually(t, 60*time.Second, func() bool { return stored() == 200 }, "the first engine did not apply the history")
@@ -660,6 +636,145 @@ func TestBackfillAPipelineAddedToARunningEngine(t *testing.T) {
 	}
 	if from < 200 || recs != from {
 		t.Fatalf("the backfill covered %d offsets and applied %d records; want the 200 of the history at least, each once", from, recs)
+	}
+	e.assertModel(t, true)
+}
+
+// backfillUpsertOnly is backfillYAML without the rollup per_minute: the
+// configuration before the rollup is added.
+func backfillUpsertOnly() string {
+	return backfillYAML[:strings.Index(backfillYAML, "  - name: per_minute")] + backfillYAML[strings.Index(backfillYAML, "  - name: latest"):]
+}
+
+// load reads yaml as ratchet run would, with the test's environment.
+func (e *backfillEnv) load(t *testing.T, yaml string) config.Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ratchet.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path, append(e.environ(), "RATCHET_HTTP_ADDR=127.0.0.1:0", "RATCHET_COMMIT_INTERVAL=100ms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// run starts a live engine as owner until it is stopped or the test ends.
+func (e *backfillEnv) run(t *testing.T, cfg config.Config, owner string) *testenv.Engine {
+	t.Helper()
+	return testenv.StartEngine(t, testenv.EngineOptions{}, func(ctx context.Context, log *slog.Logger, onListening func(string)) error {
+		return engine.Run(ctx, cfg, engine.Options{Logger: log.With("owner", owner), Owner: owner, OnListening: onListening})
+	})
+}
+
+// stored is the sum of the live group's stored positions.
+func (e *backfillEnv) stored(t *testing.T) int64 {
+	t.Helper()
+	var n int64
+	if err := e.pool.QueryRow(context.Background(), `SELECT coalesce(sum(next_offset), 0) FROM ratchet_offsets WHERE consumer_group = 'bf-test'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// produced is how many records were produced.
+func (e *backfillEnv) produced() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return int64(len(e.orders))
+}
+
+// backfilled is the sum of the records the backfill applied.
+func (e *backfillEnv) backfilled(t *testing.T) int64 {
+	t.Helper()
+	var n int64
+	if err := e.pool.QueryRow(context.Background(), `SELECT coalesce(sum(records), 0) FROM ratchet_pipeline_backfills`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestBackfillKilledWhileTheLiveGroupRebalances: a rollup is added to a
+// running two-instance group while a producer writes 1,000 records/s; its
+// backfill (the binary, a process of its own) is killed with kill -9
+// midway while one live member stops and a new one joins, so that the
+// partitions move under both; the rerun continues where the killed run's
+// last transaction left it. Every bucket then equals a model of every
+// record applied once from the start, and the upsert that ran throughout
+// is untouched.
+func TestBackfillKilledWhileTheLiveGroupRebalances(t *testing.T) {
+	e := newBackfillEnv(t, "")
+	const history = 600
+	e.produce(t, history/2, nil)
+	first := e.run(t, e.load(t, backfillUpsertOnly()), "a")
+	testenv.Eventually(t, 60*time.Second, func() bool { return e.stored(t) == history }, "the first engine did not apply the history")
+	first.Stop(t)
+
+	stop := make(chan struct{})
+	prodDone := make(chan struct{})
+	go func() { // ends when stop is closed: 100 records every 100 ms
+		defer close(prodDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			e.produce(t, 50, nil)
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-prodDone
+	}()
+	cfg := e.load(t, backfillYAML)
+	b1, b2 := e.run(t, cfg, "b1"), e.run(t, cfg, "b2")
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		var n int
+		err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM ratchet_pipeline_origins WHERE pipeline = 'per_minute'`).Scan(&n)
+		return err == nil && n == 2
+	}, "the live group did not record where per_minute began")
+
+	bin := testenv.BuildRatchet(t, "")
+	p := testenv.StartProcess(t, bin, testenv.ProcessOptions{Name: "backfill",
+		Args: []string{"pipelines", "backfill", "per_minute", "--execute", "--rate", "60", "--config", e.path}, Env: e.environ()})
+	testenv.Eventually(t, 60*time.Second, func() bool { return e.backfilled(t) > 0 }, "the backfill applied nothing; log:\n%s", p.Log())
+	// While it runs: a member leaves (its partitions move to b1), another
+	// joins (they move again), then the backfill is killed.
+	b2.Stop(t)
+	b3 := e.run(t, cfg, "b3")
+	p.Kill()
+	<-p.Exited()
+	killedAt := e.backfilled(t)
+	if killedAt >= history {
+		t.Fatalf("the backfill was done (%d records) before it was killed: nothing tested", killedAt)
+	}
+	t.Logf("backfill killed after %d of %d records, during the rebalance", killedAt, history)
+	testenv.Eventually(t, 2*store.BackfillLeaseTTL, func() bool {
+		var expired bool
+		err := e.pool.QueryRow(context.Background(), `SELECT coalesce(bool_and(expires_at < now()), true) FROM ratchet_pipeline_backfill_leases`).Scan(&expired)
+		return err == nil && expired
+	}, "the killed run's lease did not expire")
+	code, out, errOut := e.backfill(t, "per_minute", "--execute")
+	if code != ExitOK {
+		t.Fatalf("rerun: exit %d\n%s\n%s", code, out, errOut)
+	}
+	close(stop)
+	<-prodDone
+	testenv.Eventually(t, 60*time.Second, func() bool { return e.stored(t) == e.produced() }, "the live group did not catch up")
+	b1.Stop(t)
+	b3.Stop(t)
+	var span, recs int64
+	if err := e.pool.QueryRow(context.Background(), `SELECT sum(to_offset - from_offset), sum(records) FROM ratchet_pipeline_backfills`).Scan(&span, &recs); err != nil {
+		t.Fatal(err)
+	}
+	if span < history || recs != span {
+		t.Fatalf("the backfill covered %d offsets and applied %d records; want the %d of the history at least, each once", span, recs, history)
 	}
 	e.assertModel(t, true)
 }
