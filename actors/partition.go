@@ -231,6 +231,13 @@ func (p *Partition) Receive(c actor.Context) {
 			return
 		}
 		p.drainers = append(p.drainers, c.Sender())
+	case *heldNow:
+		// The batch in flight became held by the pipeline guard after a
+		// drain was asked: it ends only with the actor, so the watermark
+		// is final.
+		if p.cfg.Progress.Held.Load() {
+			p.answerDrainers(c)
+		}
 	case *Seeked:
 		p.seeked(c, msg)
 	case *storeMoved:

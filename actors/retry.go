@@ -123,7 +123,14 @@ type retry struct {
 	rejected   []int64
 	attempt    int
 	bypassHeld bool // applying the part of a batch before a tripped guard's record
+	// parent is told when the batch becomes held (heldNow), so that a
+	// drain asked while the batch was still being applied is answered.
+	parent func()
 }
+
+// heldNow tells the partition actor that its batch in flight is held by
+// the pipeline guard from now on: a drain waiting for it is answered.
+type heldNow struct{}
 
 func newRetry(ctx context.Context, cfg *PartitionConfig) actor.Producer {
 	return func() actor.Actor { return &retry{ctx: ctx, cfg: cfg} }
@@ -137,6 +144,8 @@ func (r *retry) Receive(c actor.Context) {
 	}
 	r.isolatePanics = msg.isolatePanics
 	r.span = msg.span
+	parent := c.Parent()
+	r.parent = func() { c.Send(parent, &heldNow{}) }
 	err := r.run(msg)
 	msg.span.End(batchOutcome(err), err)
 	r.span = tracing.Batch{}
@@ -389,6 +398,9 @@ func (r *retry) isolate(b processor.Batch, cause error, attempts int) error {
 func (r *retry) hold(b processor.Batch, t *TrippedPipeline) error {
 	r.cfg.Progress.Degraded.Store(true)
 	r.cfg.Progress.Held.Store(true) // the partition answers Drain at once
+	if r.parent != nil {
+		r.parent() // and a Drain that came before
+	}
 	defer func() {
 		r.cfg.Progress.Held.Store(false)
 		r.cfg.Progress.Degraded.Store(false)
