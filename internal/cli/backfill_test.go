@@ -342,34 +342,20 @@ func TestBackfillFillsTheHistoryExactlyOnce(t *testing.T) {
 	}
 
 	// The live pipelines keep applying what is produced meanwhile.
-	stop := make(chan struct{})
-	liveDone := make(chan struct{})
-	go func() { // ends when stop is closed
-		defer close(liveDone)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			e.live(t, e.produce(t, 10, nil))
-		}
-	}()
+	stopProducing := every(0, func() { e.live(t, e.produce(t, 10, nil)) })
+	defer stopProducing()
 	for _, name := range []string{"per_minute", "latest"} {
 		code, out, errOut = e.backfill(t, name, "--execute")
 		if code != ExitOK {
-			close(stop)
-			<-liveDone
+			stopProducing()
 			t.Fatalf("backfill %s: exit %d\n%s\n%s", name, code, out, errOut)
 		}
 		if !strings.Contains(out, "dead-lettered orders[1]@8") || !strings.Contains(out, "dead-lettered orders[0]@100") {
-			close(stop)
-			<-liveDone
+			stopProducing()
 			t.Fatalf("backfill %s did not dead-letter the bad records:\n%s", name, out)
 		}
 	}
-	close(stop)
-	<-liveDone
+	stopProducing()
 	e.assertModel(t, true)
 	var recs int64
 	if err := e.pool.QueryRow(context.Background(), `SELECT sum(records) FROM ratchet_pipeline_backfills WHERE pipeline = 'per_minute'`).Scan(&recs); err != nil {
@@ -516,27 +502,8 @@ func TestBackfillKilledAndRerunAppliesEachRecordOnce(t *testing.T) {
 	first := e.produce(t, 10, nil)
 	e.live(t, first)
 	e.begin(t, first, false)
-	stop := make(chan struct{})
-	liveDone := make(chan struct{})
-	go func() { // ends when stop is closed
-		defer close(liveDone)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(200 * time.Millisecond):
-			}
-			e.live(t, e.produce(t, 5, nil))
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-liveDone
-	}()
+	stopProducing := every(200*time.Millisecond, func() { e.live(t, e.produce(t, 5, nil)) })
+	defer stopProducing()
 
 	bin := testenv.BuildRatchet(t, "")
 	p := testenv.StartProcess(t, bin, testenv.ProcessOptions{Name: "backfill",
@@ -569,8 +536,7 @@ func TestBackfillKilledAndRerunAppliesEachRecordOnce(t *testing.T) {
 	if !strings.Contains(out, "recorded, ") {
 		t.Fatalf("the rerun did not continue the recorded backfill:\n%s", out)
 	}
-	close(stop)
-	<-liveDone
+	stopProducing()
 	if n := applied(); n != 800 {
 		t.Fatalf("the backfill counts %d records applied, want 800", n)
 	}
@@ -595,27 +561,8 @@ func TestBackfillAPipelineAddedToARunningEngine(t *testing.T) {
 	testenv.Eventually(t, 60*time.Second, func() bool { return stored() == 200 }, "the first engine did not apply the history")
 	first.Stop(t)
 
-	stop := make(chan struct{})
-	prodDone := make(chan struct{})
-	go func() { // ends when stop is closed
-		defer close(prodDone)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			e.produce(t, 5, nil)
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-prodDone
-	}()
+	stopProducing := every(100*time.Millisecond, func() { e.produce(t, 5, nil) })
+	defer stopProducing()
 	second := run(load(backfillYAML), "b")
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		var n int
@@ -626,8 +573,7 @@ func TestBackfillAPipelineAddedToARunningEngine(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("backfill: exit %d\n%s\n%s", code, out, errOut)
 	}
-	close(stop)
-	<-prodDone
+	stopProducing()
 	testenv.Eventually(t, 60*time.Second, func() bool { return stored() == produced() }, "the engine did not catch up")
 	second.Stop(t)
 	var from, recs int64
@@ -711,27 +657,8 @@ func TestBackfillKilledWhileTheLiveGroupRebalances(t *testing.T) {
 	testenv.Eventually(t, 60*time.Second, func() bool { return e.stored(t) == history }, "the first engine did not apply the history")
 	first.Stop(t)
 
-	stop := make(chan struct{})
-	prodDone := make(chan struct{})
-	go func() { // ends when stop is closed: 100 records every 100 ms
-		defer close(prodDone)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			e.produce(t, 50, nil)
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-prodDone
-	}()
+	stopProducing := every(100*time.Millisecond, func() { e.produce(t, 50, nil) })
+	defer stopProducing()
 	cfg := e.load(t, backfillYAML)
 	b1, b2 := e.run(t, cfg, "b1"), e.run(t, cfg, "b2")
 	testenv.Eventually(t, 60*time.Second, func() bool {
@@ -764,8 +691,7 @@ func TestBackfillKilledWhileTheLiveGroupRebalances(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("rerun: exit %d\n%s\n%s", code, out, errOut)
 	}
-	close(stop)
-	<-prodDone
+	stopProducing()
 	testenv.Eventually(t, 60*time.Second, func() bool { return e.stored(t) == e.produced() }, "the live group did not catch up")
 	b1.Stop(t)
 	b3.Stop(t)
@@ -777,4 +703,26 @@ func TestBackfillKilledWhileTheLiveGroupRebalances(t *testing.T) {
 		t.Fatalf("the backfill covered %d offsets and applied %d records; want the %d of the history at least, each once", span, recs, history)
 	}
 	e.assertModel(t, true)
+}
+
+// every runs fn every d until the returned stop is called; stop waits for
+// the run in progress and may be called again.
+func every(d time.Duration, fn func()) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() { // ends when stop is called
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(d):
+			}
+			fn()
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(quit) })
+		<-done
+	}
 }
