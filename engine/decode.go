@@ -100,6 +100,9 @@ func newDecoders(cfg config.Config, opts Options, pipelines *pipeline.Set, m *me
 				typ = schemareg.TypeProtobuf
 			}
 			d := schemareg.NewValueDecoder(reg, typ, m)
+			if paths, ok := pipelines.ReadPaths(topic); ok {
+				d.ReadOnly(paths) // build only what the pipelines read, as for json
+			}
 			return &countedValueResolver{ValueDecoder: d, counts: newCounts(m, topic, pformat+"+registry")}
 		case opts.Decoder != nil:
 			return &counted{dec: custom{opts.Decoder}, counts: newCounts(m, topic, "custom")}

@@ -31,6 +31,19 @@ import (
 type ValueDecoder struct {
 	*Decoder
 	schemaType string // TypeAvro or TypeProtobuf
+	// reads, when set (ReadOnly), is what the topic's pipelines read of a
+	// value; plans holds per schema how to decode only that, and
+	// avroReader is reused for every Avro value of the partition.
+	reads      *reads
+	plans      map[planKey]any
+	avroReader *avro.Reader
+	proto      protoScratch
+}
+
+// planKey names a plan: a schema, and of a protobuf schema the message.
+type planKey struct {
+	s  *Schema
+	md protoreflect.MessageDescriptor
 }
 
 // NewValueDecoder returns the ValueDecoder of one partition for values of
@@ -67,9 +80,9 @@ func (d *ValueDecoder) DecodeRecord(rec *processor.Record) error {
 	d.hits.Inc()
 	var v any
 	if d.schemaType == TypeAvro {
-		v, err = s.decodeAvro(f.Payload)
+		v, err = d.decodeAvro(s, f.Payload)
 	} else {
-		v, err = s.decodeProtobuf(f.MessageIndexes, f.Payload)
+		v, err = d.decodeProtobuf(s, f.MessageIndexes, f.Payload)
 	}
 	if err != nil {
 		return poison(d.format, err.Error())
@@ -82,13 +95,51 @@ func (d *ValueDecoder) DecodeRecord(rec *processor.Record) error {
 // payload (an array's block length) cannot make the decoder allocate more
 // than maxAvroElements elements at once, nor a string or bytes value more
 // than 8 MiB, whatever the bytes say.
-var avroAPI = avro.Config{MaxByteSliceSize: 8 << 20, MaxSliceAllocSize: maxAvroElements}.Freeze()
+var avroAPI = avro.Config{MaxByteSliceSize: maxAvroBytes, MaxSliceAllocSize: maxAvroElements}.Freeze()
 
-// maxAvroElements bounds the elements of one Avro array value.
-const maxAvroElements = 1 << 18
+// maxAvroElements bounds the elements of one Avro array value, and
+// maxAvroBytes the length of one string or bytes value.
+const (
+	maxAvroElements = 1 << 18
+	maxAvroBytes    = 8 << 20
+)
 
-// decodeAvro decodes payload with s's Avro schema, parsed on first use.
-func (s *Schema) decodeAvro(payload []byte) (any, error) {
+// decodeAvro decodes payload with s's Avro schema: of a record only the
+// fields the topic's pipelines read when d knows them (ReadOnly) and the
+// partial decode accepts the payload, else the whole value.
+func (d *ValueDecoder) decodeAvro(s *Schema, payload []byte) (any, error) {
+	if d.reads != nil {
+		p, known := d.plans[planKey{s: s}].(*avroPlan)
+		if !known {
+			if rec, ok := s.parseAvro().(*avro.RecordSchema); ok {
+				p = newAvroPlan(rec, d.reads)
+			}
+			d.plan(planKey{s: s}, p)
+		}
+		if p != nil {
+			if d.avroReader == nil {
+				d.avroReader = avro.NewReader(nil, 0, avro.WithReaderConfig(avroAPI))
+			}
+			if m, ok := decodeAvroPartial(p, d.avroReader, payload); ok {
+				return m, nil
+			}
+		}
+	}
+	return s.decodeAvro(payload)
+}
+
+// plan remembers the plan of s, forgetting all of them past maxKnown
+// (as the Decoder forgets its schemas).
+func (d *ValueDecoder) plan(k planKey, p any) {
+	if d.plans == nil || len(d.plans) >= maxKnown {
+		d.plans = map[planKey]any{}
+	}
+	d.plans[k] = p
+}
+
+// parseAvro returns s's Avro schema, parsed on first use; nil when it
+// does not parse (avroProblem says why).
+func (s *Schema) parseAvro() avro.Schema {
 	s.avroOnce.Do(func() {
 		// A cache of its own: named types of different schemas (two
 		// versions of one record) must not meet.
@@ -99,6 +150,12 @@ func (s *Schema) decodeAvro(payload []byte) (any, error) {
 		}
 		s.avro = sc
 	})
+	return s.avro
+}
+
+// decodeAvro decodes payload with s's Avro schema, parsed on first use.
+func (s *Schema) decodeAvro(payload []byte) (any, error) {
+	s.parseAvro()
 	if s.avroProblem != "" {
 		return nil, fmt.Errorf("%s", s.avroProblem)
 	}
@@ -207,8 +264,47 @@ func fixedBytes(v any) ([]byte, bool) {
 }
 
 // decodeProtobuf decodes payload as the message of s at the message
+// indexes path: only the fields the topic's pipelines read when d knows
+// them (ReadOnly) and the partial decode accepts the payload, else the
+// whole message.
+func (d *ValueDecoder) decodeProtobuf(s *Schema, path []int, payload []byte) (any, error) {
+	if d.reads == nil {
+		return s.decodeProtobuf(path, payload)
+	}
+	md, err := s.protoMessageAt(path)
+	if err != nil {
+		return nil, err
+	}
+	k := planKey{s: s, md: md.UnwrapMessage()}
+	p, known := d.plans[k].(*protoPlan)
+	if !known {
+		p = newProtoPlan(k.md, d.reads)
+		d.plan(k, p)
+	}
+	if p != nil {
+		if m, ok := decodeProtoPartial(p, &d.proto, payload); ok {
+			return m, nil
+		}
+	}
+	return s.decodeProtobuf(path, payload)
+}
+
+// decodeProtobuf decodes payload as the message of s at the message
 // indexes path.
 func (s *Schema) decodeProtobuf(path []int, payload []byte) (any, error) {
+	md, err := s.protoMessageAt(path)
+	if err != nil {
+		return nil, err
+	}
+	m := dynamicpb.NewMessage(md.UnwrapMessage())
+	if err := proto.Unmarshal(payload, m); err != nil {
+		return nil, fmt.Errorf("schema id %d: %s: %v", s.ID, md.GetFullyQualifiedName(), err)
+	}
+	return protoMessage(m), nil
+}
+
+// protoMessageAt returns the message of s at the message indexes path.
+func (s *Schema) protoMessageAt(path []int) (*desc.MessageDescriptor, error) {
 	if s.problem != "" {
 		return nil, fmt.Errorf("%s", s.problem)
 	}
@@ -227,11 +323,7 @@ func (s *Schema) decodeProtobuf(path []int, payload []byte) (any, error) {
 	if md == nil {
 		return nil, fmt.Errorf("schema id %d: no message indexes", s.ID)
 	}
-	m := dynamicpb.NewMessage(md.UnwrapMessage())
-	if err := proto.Unmarshal(payload, m); err != nil {
-		return nil, fmt.Errorf("schema id %d: %s: %v", s.ID, md.GetFullyQualifiedName(), err)
-	}
-	return protoMessage(m), nil
+	return md, nil
 }
 
 // protoMessage turns a message into a map keyed by field name: every
@@ -257,31 +349,15 @@ func protoMessage(m protoreflect.Message) any {
 	fields := md.Fields()
 	for i := range fields.Len() {
 		fd := fields.Get(i)
-		if (fd.Message() != nil && !fd.IsList() && !fd.IsMap() || fd.ContainingOneof() != nil || fd.HasPresence()) && !m.Has(fd) {
-			continue
-		}
-		v := m.Get(fd)
-		switch {
-		case fd.IsList():
-			l := v.List()
-			items := make([]any, l.Len())
-			for j := range l.Len() {
-				items[j] = protoField(fd, l.Get(j))
-			}
-			out[string(fd.Name())] = items
-		case fd.IsMap():
-			mm := make(map[string]any, v.Map().Len())
-			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-				mm[k.String()] = protoField(fd.MapValue(), mv)
-				return true
-			})
-			out[string(fd.Name())] = mm
-		default:
-			out[string(fd.Name())] = protoField(fd, v)
+		if v, ok := protoPartialField(m, fd, readWhole); ok {
+			out[string(fd.Name())] = v
 		}
 	}
 	return out
 }
+
+// readWhole is the tree of a value read whole.
+var readWhole = &reads{whole: true}
 
 // protoField converts one singular value of fd.
 func protoField(fd protoreflect.FieldDescriptor, v protoreflect.Value) any {

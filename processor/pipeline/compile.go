@@ -65,6 +65,11 @@ type expr struct {
 	// (value.a.b): the field names, evaluated without the interpreter
 	// when the value allows (see fast).
 	path []string
+	// form is set when the expression has one (see form): it is then
+	// evaluated without the interpreter when the record allows. fastLen
+	// bounds the strings it converts or compares (see fastLen; < 0: any).
+	form    *form
+	fastLen int
 	// times bounds the times given as numbers (toTime); costLimit is its
 	// pipeline's cost_limit, which bounds each evaluation.
 	times     timeBounds
@@ -287,6 +292,11 @@ func (c *compiler) compile(key, src, column string) *expr {
 	e := &expr{key: key, src: src, prg: prg, out: ast.OutputType(), name: column, times: c.times, costLimit: limit, bounded: bounded}
 	if fieldPath.MatchString(src) {
 		e.path = strings.Split(src, ".")[1:]
+	}
+	if f := formOf(ast.NativeRep().Expr()); f != nil {
+		if n, ok := fastLen(bounded, limit); ok {
+			e.form, e.fastLen = f, n
+		}
 	}
 	return e
 }

@@ -26,8 +26,9 @@ type JSONDecoder struct {
 	// is the wire format's magic byte.
 	Framed bool
 	// reads, when set, is what the expressions of the topic read of the
-	// value: only that is built (decodePartial), the rest of the document
-	// checked and skipped. Set.JSONDecoder sets it.
+	// value: only that is built (decodePartial: objects read at some keys
+	// become *object, which the expressions read as those maps), the rest
+	// of the document checked and skipped. Set.JSONDecoder sets it.
 	reads *fieldTree
 }
 

@@ -26,7 +26,15 @@ import (
 // pipelines read only value). It is used on one goroutine, for one record;
 // evaluations under it stop when ctx (the batch's) ends.
 func activation(ctx context.Context, rec *processor.Record, format string, adapter types.Adapter) (interpreter.Activation, error) {
-	a := &recordActivation{ctx: ctx, rec: rec, adapter: adapter}
+	a := &recordActivation{}
+	a.reset(ctx, rec, format, adapter)
+	return a, nil
+}
+
+// reset makes a the activation of rec (see activation), forgetting the
+// record before: one activation serves a batch's records in turn.
+func (a *recordActivation) reset(ctx context.Context, rec *processor.Record, format string, adapter types.Adapter) {
+	*a = recordActivation{ctx: ctx, rec: rec, adapter: adapter}
 	switch {
 	case rec.Value == nil:
 	case format == "event":
@@ -36,7 +44,6 @@ func activation(ctx context.Context, rec *processor.Record, format string, adapt
 	default:
 		a.value = rec.Decoded
 	}
-	return a, nil
 }
 
 // recordActivation resolves value and record for one record.
@@ -58,7 +65,7 @@ func (a *recordActivation) ResolveName(name string) (any, bool) {
 			if a.value == nil {
 				a.valueVal = types.NullValue
 			} else {
-				a.valueVal = a.adapter.NativeToValue(a.value)
+				a.valueVal = a.adapter.NativeToValue(plainValue(a.value))
 			}
 		}
 		return a.valueVal, true
@@ -100,7 +107,7 @@ func recordVar(rec *processor.Record) map[string]any {
 // context's (no fault of the record), and past e's cost limit, with a
 // record error that says so.
 func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
-	if e.path != nil {
+	if e.form != nil {
 		if v, ok := e.fast(act); ok {
 			return v, nil
 		}
@@ -134,17 +141,26 @@ func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
 // stopped: the batch is to be retried, not its record dead-lettered.
 var ErrInterrupted = errors.New("evaluation interrupted")
 
-// fast evaluates a field path of value (value.a.b) without the CEL
-// interpreter, on a JSON or Avro map or a ratchet.v1.Event. It returns
-// false for anything else, and wherever CEL's answer could differ (a key
-// that is absent, an unset message field): the interpreter then decides.
+// fast evaluates e without the interpreter when e has a form (see form)
+// and the record allows; false: the interpreter decides.
 func (e *expr) fast(act interpreter.Activation) (ref.Val, bool) {
 	a, ok := act.(*recordActivation)
-	if !ok || a.value == nil {
+	if !ok || e.form == nil {
+		return nil, false
+	}
+	return e.form.eval(a, e.fastLen)
+}
+
+// path evaluates a field path of value (value.a.b) on a JSON or Avro map,
+// a partly decoded JSON object or a ratchet.v1.Event. It returns false for anything else, and wherever
+// CEL's answer could differ (a key that is absent, an unset message
+// field): the interpreter then decides.
+func (a *recordActivation) path(path []string) (ref.Val, bool) {
+	if a.value == nil {
 		return nil, false
 	}
 	cur := a.value
-	for i, name := range e.path {
+	for i, name := range path {
 		switch x := cur.(type) {
 		case map[string]any:
 			v, ok := x[name]
@@ -152,8 +168,14 @@ func (e *expr) fast(act interpreter.Activation) (ref.Val, bool) {
 				return nil, false
 			}
 			cur = v
+		case *object:
+			v, ok := x.get(name)
+			if !ok {
+				return nil, false
+			}
+			cur = v
 		case *ratchetv1.Event:
-			if i != len(e.path)-1 {
+			if i != len(path)-1 {
 				return nil, false
 			}
 			switch name {
@@ -185,7 +207,7 @@ func (e *expr) fast(act interpreter.Activation) (ref.Val, bool) {
 		return types.Bool(x), true
 	case nil:
 		return types.NullValue, true
-	case map[string]any, []any:
+	case map[string]any, []any, *object:
 		return nil, false // containers: the interpreter adapts them
 	}
 	return a.adapter.NativeToValue(cur), true
@@ -217,16 +239,16 @@ func (e *expr) whereHolds(act interpreter.Activation) (bool, error) {
 }
 
 // text renders a CEL value as the text PostgreSQL reads for a column of
-// type pgType (format_type's spelling); nil is SQL NULL. The statement
+// type pgType (format_type's spelling): a string, or nil for SQL NULL. The statement
 // casts it to the column's type, so PostgreSQL itself refuses what does
 // not fit (a record error, SQLSTATE class 22).
-func text(v ref.Val, pgType string) (*string, error) {
+func text(v ref.Val, pgType string) (any, error) {
 	var s string
 	switch x := v.(type) {
 	case types.Null:
 		return nil, nil
 	case types.String:
-		s = string(x)
+		return string(x), nil
 	case types.Bool:
 		s = strconv.FormatBool(bool(x))
 	case types.Int:
@@ -256,7 +278,7 @@ func text(v ref.Val, pgType string) (*string, error) {
 		}
 		s = string(b)
 	}
-	return &s, nil
+	return s, nil
 }
 
 func formatFloat(f float64) string {

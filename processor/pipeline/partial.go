@@ -9,11 +9,13 @@ import (
 )
 
 // decodePartial decodes b as DecodeJSON does, but builds only what t
-// reads: of an object read at some keys, a map of those keys alone (the
-// rest of the document is checked and skipped without allocating); of
-// anything read whole, or of a value that is not an object where t
+// reads: of an object read at some keys, an *object of those keys alone
+// (the rest of the document is checked and skipped without allocating);
+// of anything read whole, or of a value that is not an object where t
 // expects one, exactly what DecodeJSON gives. The expressions, which
-// reach value only through t's paths, meet the same values either way.
+// reach value only through t's paths (the forms through object.get, the
+// interpreter through plainValue's maps), meet the same values either
+// way.
 //
 // It accepts only what DecodeJSON accepts: the grammar of RFC 8259 as
 // encoding/json checks it, every number of the document within float64's
@@ -69,13 +71,60 @@ func (s *scanner) space() {
 	}
 }
 
+// object is a JSON object decoded for a node of a field tree read at some
+// keys: vals[i] is the value at t.order[i], or absent when the document
+// has no such key. It costs one slice where a map of the same keys costs
+// a table of eight slots and its hashing, and it is what most records of
+// a pipeline's topic decode to.
+type object struct {
+	t    *fieldTree
+	vals []any
+}
+
+// absentKey is the value of a key an object's document lacks.
+type absentKey struct{}
+
+// absent marks a key an object's document lacks.
+var absent any = absentKey{}
+
+// get is the value at key name, as a map of the object's keys would give
+// it.
+func (o *object) get(name string) (any, bool) {
+	k := o.t.kids[name]
+	if k == nil {
+		return nil, false
+	}
+	v := o.vals[k.idx]
+	return v, v != absent
+}
+
+// plainValue is v with every *object in it made the map[string]any of its
+// keys (those the document has), as DecodeJSON's answer projected on the
+// field tree: what the CEL interpreter gets.
+func plainValue(v any) any {
+	o, ok := v.(*object)
+	if !ok {
+		return v
+	}
+	m := make(map[string]any, len(o.vals))
+	for i, k := range o.t.order {
+		if e := o.vals[i]; e != absent {
+			m[k.name] = plainValue(e)
+		}
+	}
+	return m
+}
+
 // object reads the object at s.i, building the keys t reads.
-func (s *scanner) object(t *fieldTree) (map[string]any, bool) {
+func (s *scanner) object(t *fieldTree) (*object, bool) {
 	if s.depth++; s.depth > maxPartialDepth {
 		return nil, false
 	}
 	s.i++ // '{'
-	m := make(map[string]any, len(t.kids))
+	m := &object{t: t, vals: make([]any, len(t.order))}
+	for i := range m.vals {
+		m.vals[i] = absent
+	}
 	s.space()
 	if s.i < len(s.b) && s.b[s.i] == '}' {
 		s.i++
@@ -116,9 +165,11 @@ func (s *scanner) object(t *fieldTree) (map[string]any, bool) {
 		} else {
 			var v any
 			if !kid.whole && s.i < len(s.b) && s.b[s.i] == '{' {
-				if v, ok = s.object(kid); !ok {
+				o, ok := s.object(kid)
+				if !ok {
 					return nil, false
 				}
+				v = o
 			} else {
 				vs := s.i
 				if !s.skip() {
@@ -128,7 +179,7 @@ func (s *scanner) object(t *fieldTree) (map[string]any, bool) {
 					return nil, false
 				}
 			}
-			m[kid.name] = v // a later duplicate replaces it, as in encoding/json
+			m.vals[kid.idx] = v // a later duplicate replaces it, as in encoding/json
 		}
 		s.space()
 		if s.i >= len(s.b) {

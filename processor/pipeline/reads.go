@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"slices"
+
 	celast "github.com/google/cel-go/common/ast"
 	"github.com/google/cel-go/common/operators"
 	"github.com/google/cel-go/common/types"
@@ -20,6 +22,10 @@ import (
 type fieldTree struct {
 	whole bool
 	kids  map[string]*fieldTree
+	// order is kids in the order they were added; a kid's idx is its
+	// place there, and its value's in the objects the decoder builds.
+	order []*fieldTree
+	idx   int
 	// name is the node's key in its parent's kids, which the decoder
 	// stores in the maps it builds instead of a copy of the document's.
 	name string
@@ -38,12 +44,13 @@ func (t *fieldTree) add(path []string) {
 		}
 		k := n.kids[name]
 		if k == nil {
-			k = &fieldTree{name: name}
+			k = &fieldTree{name: name, idx: len(n.order)}
 			n.kids[name] = k
+			n.order = append(n.order, k)
 		}
 		n = k
 	}
-	n.whole, n.kids = true, nil
+	n.whole, n.kids, n.order = true, nil, nil
 }
 
 // paths lists the paths read whole, for tests and messages: "a.b",
@@ -156,4 +163,30 @@ func valuePath(e celast.Expr) ([]string, bool) {
 		return append(p, string(name)), true
 	}
 	return nil, false
+}
+
+// ReadPaths returns the paths of value that the expressions of topic's
+// pipelines read, each a list of field names, for the decoders of other
+// formats (Avro, Protobuf) to build only those: ok is false when they
+// need the whole value (an expression uses value as a whole) or no
+// pipeline reads topic. An empty list with ok says nothing of value is
+// read. Every path is read whole; none is a prefix of another.
+func (s *Set) ReadPaths(topic string) (paths [][]string, ok bool) {
+	t := s.reads[topic]
+	if t == nil || t.whole {
+		return nil, false
+	}
+	paths = [][]string{}
+	var walk func(n *fieldTree, prefix []string)
+	walk = func(n *fieldTree, prefix []string) {
+		if n.whole {
+			paths = append(paths, slices.Clone(prefix))
+			return
+		}
+		for name, k := range n.kids {
+			walk(k, append(prefix, name))
+		}
+	}
+	walk(t, nil)
+	return paths, true
 }

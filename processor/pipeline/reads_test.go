@@ -173,7 +173,23 @@ pipelines:
 		t.Fatal(err)
 	}
 	wantV := `map[amount:12.5 customer:map[country:fr id:c1] id:o1 items:[1 2] meta:map[version:3] status:new ts:2026-12-01T09:00:00Z]`
-	if g := fmt.Sprint(rec.Decoded); g != wantV {
+	if g := fmt.Sprint(plainValue(rec.Decoded)); g != wantV {
 		t.Errorf("decoded %s, want %s", g, wantV)
+	}
+	// The same paths for the Avro and Protobuf decoders.
+	ps, ok := set.ReadPaths("orders")
+	var joined []string
+	for _, p := range ps {
+		joined = append(joined, strings.Join(p, "."))
+	}
+	slices.Sort(joined)
+	if !ok || !slices.Equal(joined, want) {
+		t.Errorf("ReadPaths(orders) = %q, %v; want %q", joined, ok, want)
+	}
+	if ps, ok := set.ReadPaths("events"); ok {
+		t.Errorf("ReadPaths(events) = %q of a value used whole", ps)
+	}
+	if ps, ok := set.ReadPaths("unknown"); ok {
+		t.Errorf("ReadPaths(unknown) = %q", ps)
 	}
 }

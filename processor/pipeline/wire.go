@@ -137,11 +137,7 @@ func (k wireKind) value(v ref.Val, pgType string, b timeBounds) (any, error) {
 		}
 		return nil, fmt.Errorf("%s is not a bool for a %s column", show(v), pgType)
 	}
-	s, err := text(v, pgType)
-	if err != nil || s == nil {
-		return nil, err
-	}
-	return *s, nil
+	return text(v, pgType)
 }
 
 // show renders a CEL value for an error message, shortened.
@@ -311,43 +307,35 @@ func keyText(b []byte, v any) []byte {
 func column(k wireKind, n int, at func(j int) any) any {
 	switch k {
 	case wireInt:
-		out := make([]*int64, n)
-		for j := range n {
-			if v, ok := at(j).(int64); ok {
-				out[j] = &v
-			}
-		}
-		return out
+		return typedColumn[int64](n, at)
 	case wireFloat:
-		out := make([]*float64, n)
-		for j := range n {
-			if v, ok := at(j).(float64); ok {
-				out[j] = &v
-			}
-		}
-		return out
+		return typedColumn[float64](n, at)
 	case wireTime:
-		out := make([]*time.Time, n)
-		for j := range n {
-			if v, ok := at(j).(time.Time); ok {
-				out[j] = &v
-			}
-		}
-		return out
+		return typedColumn[time.Time](n, at)
 	case wireBool:
-		out := make([]*bool, n)
-		for j := range n {
-			if v, ok := at(j).(bool); ok {
-				out[j] = &v
-			}
-		}
-		return out
+		return typedColumn[bool](n, at)
 	}
-	out := make([]*string, n)
+	return typedColumn[string](n, at)
+}
+
+// typedColumn is a column of values of type T: a []T when none is NULL
+// (pgx encodes it without reflection or a pointer per element), a []*T
+// with nil for NULL otherwise. PostgreSQL receives the same array either
+// way.
+func typedColumn[T any](n int, at func(j int) any) any {
+	vals := make([]T, n)
 	for j := range n {
-		if v, ok := at(j).(string); ok {
-			out[j] = &v
+		v, ok := at(j).(T)
+		if !ok {
+			out := make([]*T, n)
+			for j := range n {
+				if v, ok := at(j).(T); ok {
+					out[j] = &v
+				}
+			}
+			return out
 		}
+		vals[j] = v
 	}
-	return out
+	return vals
 }
