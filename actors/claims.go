@@ -26,7 +26,7 @@ func (s *Supervisor) spawn(tp TopicPartition, st startOffset) error {
 	a.progress.Committed.Store(st.committed)
 	pcfg := &PartitionConfig{
 		TP: tp, Gen: a.gen, Start: st.start, Claim: st.claim,
-		Format: s.cfg.Format(tp.Topic), NewDecoder: s.cfg.NewDecoder, BatchSize: s.cfg.BatchSize, Linger: s.cfg.Linger,
+		Format: s.cfg.Format(tp.Topic), NewDecoder: s.cfg.NewDecoder, BatchSize: s.cfg.BatchSize, MaxBatch: s.cfg.MaxBatch, Linger: s.cfg.Linger,
 		Retry: s.cfg.Retry, Applier: s.cfg.Applier, Committer: s.cfg.Committer, DLQ: s.cfg.DLQ, DLQTopic: s.cfg.DLQTopic(tp.Topic),
 		Held: a.held, Progress: a.progress, Seek: s.requestSeek,
 		PanicLimit: max(1, min(s.cfg.Retry.MaxAttempts, s.cfg.MaxRestarts)), Metrics: s.cfg.Metrics, Logger: s.cfg.Logger,

@@ -86,11 +86,13 @@
 //     (a redelivery), and everything while it waits for a seek or after it
 //     was fenced; the rest go undecoded into its queue. maybeDispatch cuts
 //     a batch when processing.batch_size records are queued or the oldest
-//     waited processing.batch_linger (lingerExpired). cut decodes the
+//     waited processing.batch_linger (lingerExpired); a partition with more
+//     queued (behind) takes up to processing.max_batch_size in it
+//     (PartitionConfig.MaxBatch), fewer transactions for a backlog. cut decodes the
 //     records (ValueDecoder; a Resolver's lookups first, see awaitLookups)
 //     and starts the dead-letter write of those that do not decode, on a
 //     goroutine that calls DLQClient.DeadLetter (sendDeadLetters). While a
-//     batch is in flight, up to cutAhead more are cut and their dead
+//     batch is in flight, up to cutAhead more (fewer grown ones: ahead) are cut and their dead
 //     letters started, so the DLQ round trip overlaps the transactions
 //     before them.
 //  4. applyBatch. The partition sends the batch to its retry child: never

@@ -31,6 +31,10 @@ type PartitionConfig struct {
 	Claim     *store.Claim // exactly-once claim; nil in at-least-once mode
 	Format    string       // protobuf, json or raw; used when NewDecoder is nil
 	BatchSize int
+	// MaxBatch is the most records a batch takes when the partition is
+	// behind: more than BatchSize queued when the batch is cut (0:
+	// BatchSize, no growth).
+	MaxBatch  int
 	Linger    time.Duration
 	Retry     RetryPolicy
 	Applier   Applier
@@ -182,7 +186,9 @@ type cutBatch struct {
 // durable; cutting several batches ahead starts those writes several
 // transactions early, so the DLQ round trip (tens of milliseconds when the
 // broker is busy serving a backlog) stays off the partition's path. It
-// costs up to cutAhead × batch_size decoded records per partition.
+// costs up to cutAhead × batch_size decoded records per partition; batches
+// grown past batch_size (MaxBatch) are cut ahead only whole and fewer of
+// them (ahead): as many as fit in that bound, at least one.
 const cutAhead = 4
 
 // NewPartition returns the producer of a partition actor.
@@ -443,17 +449,23 @@ func resolve(ctx context.Context, cfg *PartitionConfig, r Resolver, values [][]b
 }
 
 // maybeDispatch starts the next batch when none is in flight and the queue
-// holds a full batch, or its oldest record has waited the linger time. With
-// a batch in flight it cuts the next full ones ahead (up to cutAhead), so
-// their decoding and their dead letters' delivery overlap the transactions
-// before them.
+// holds a full batch, or its oldest record has waited the linger time. A
+// partition that is behind (more than a batch queued) puts up to MaxBatch
+// records in it: one transaction, one COMMIT and one offset advance for
+// them all, so a backlog costs PostgreSQL and ratchet fewer of each, while
+// at rates a batch keeps up with nothing changes (a batch is BatchSize
+// records or what the linger gathered). With a batch in flight it cuts
+// the next full ones ahead (up to ahead), so their decoding and their dead
+// letters' delivery overlap the transactions before them. Which records
+// share a batch never changes what is written: see the determinism tests.
 func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 	if p.state.draining {
 		return
 	}
+	size := p.maxBatch()
 	if p.inFlight != nil {
-		for len(p.ready) < cutAhead && len(p.queue) >= p.cfg.BatchSize && !p.awaitLookups(c, p.cfg.BatchSize) {
-			b, n, bytes := p.cut(p.cfg.BatchSize)
+		for len(p.ready) < p.ahead() && len(p.queue) >= size && !p.awaitLookups(c, size) {
+			b, n, bytes := p.cut(size)
 			p.ready = append(p.ready, cutBatch{msg: b, n: n, bytes: bytes})
 		}
 		return
@@ -466,13 +478,20 @@ func (p *Partition) maybeDispatch(c actor.Context, lingerDue bool) {
 		p.armTimer(c, p.cfg.Linger-waited)
 		return
 	}
-	if p.awaitLookups(c, min(len(p.queue), p.cfg.BatchSize)) {
+	if p.awaitLookups(c, min(len(p.queue), size)) {
 		return // lookedUp dispatches
 	}
-	b, n, bytes := p.cut(min(len(p.queue), p.cfg.BatchSize))
+	b, n, bytes := p.cut(min(len(p.queue), size))
 	p.send(c, b, n, bytes)
 	p.maybeDispatch(c, false) // cut the next one ahead
 }
+
+// maxBatch is the most records a batch takes (PartitionConfig.MaxBatch).
+func (p *Partition) maxBatch() int { return max(p.cfg.MaxBatch, p.cfg.BatchSize, 1) }
+
+// ahead is how many batches are cut ahead of the one in flight: cutAhead
+// of BatchSize records, fewer of grown ones, at least one.
+func (p *Partition) ahead() int { return max(1, cutAhead*max(p.cfg.BatchSize, 1)/p.maxBatch()) }
 
 // cut takes the first n queued records as the batch after the one in
 // flight (or the next to apply), decodes them, and starts writing the ones

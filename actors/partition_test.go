@@ -166,6 +166,83 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	}
 }
 
+// TestPartitionGrowsBatchesWhenBehind: a partition that keeps up applies
+// batches of BatchSize records; one that is behind (more than a batch
+// queued) puts up to MaxBatch in one transaction, cuts one such batch
+// ahead of the one in flight (with its dead letters on their way), and
+// never more than MaxBatch. With MaxBatch at BatchSize (growth off) the
+// same records go in batches of BatchSize.
+func TestPartitionGrowsBatchesWhenBehind(t *testing.T) {
+	type span struct{ start, next int64 }
+	for _, tc := range []struct {
+		name     string
+		maxBatch int
+		want     []span
+	}{
+		{"grows", 10, []span{{0, 4}, {4, 14}, {14, 24}, {24, 28}}},
+		{"growth off", 0, []span{{0, 4}, {4, 8}, {8, 12}, {12, 16}, {16, 20}, {20, 24}, {24, 28}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
+			app := &gatedApplier{held: make(chan struct{}), release: make(chan struct{})}
+			dlq := &recordingDLQ{gate: app}
+			sink := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+			tp := TopicPartition{Topic: "events", Partition: 0}
+			held := NewHeld(nil)
+			cfg := &PartitionConfig{
+				TP: tp, Start: 0, Format: "protobuf", BatchSize: 4, MaxBatch: tc.maxBatch, Linger: time.Hour,
+				Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 1},
+				Applier: app, Committer: sink, DLQ: dlq, DLQTopic: "events.dlq",
+				Held: held, Progress: &Progress{}, PanicLimit: 3,
+				Seek:    func(*actor.PID, TopicPartition, int64) {},
+				Metrics: metrics.New(prometheus.NewRegistry()),
+				Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+			}
+			pid := sys.Root.Spawn(actor.PropsFromProducer(NewPartition(cfg)))
+			t.Cleanup(func() { _ = sys.Root.StopFuture(pid).Wait() })
+
+			good, err := proto.Marshal(&ratchetv1.Event{Metric: "m", Time: timestamppb.Now()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			topic := tp.Topic
+			records := func(from, to int64) []*kafka.Message {
+				var msgs []*kafka.Message
+				for off := from; off < to; off++ {
+					v := good
+					if off == 6 {
+						v = []byte{0xff, 0xff, 0xff} // does not decode
+					}
+					msgs = append(msgs, &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Offset: kafka.Offset(off)}, Value: v})
+				}
+				held.Add(len(msgs), messagesBytes(msgs))
+				return msgs
+			}
+			// Keeping up: a batch's worth arrives, a batch of BatchSize goes.
+			sys.Root.Send(pid, &Records{Msgs: records(0, 4)})
+			<-app.held
+			// Behind: 24 more arrive while it is in its transaction.
+			sys.Root.Send(pid, &Records{Msgs: records(4, 28)})
+			testenv.Eventually(t, 10*time.Second, func() bool {
+				offs, _ := dlq.snapshot()
+				return len(offs) == 1
+			}, "the poison record of the batch cut ahead dead-lettered")
+			if offs, whileHeld := dlq.snapshot(); offs[0] != 6 || !whileHeld {
+				t.Fatalf("dead letters %v, written while the first batch was held: %v; want [6], true", offs, whileHeld)
+			}
+			close(app.release)
+			testenv.Eventually(t, 10*time.Second, func() bool { return held.Records() == 0 }, "every record applied")
+			var got []span
+			for _, b := range app.snapshot() {
+				got = append(got, span{b.Start, b.Next})
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("batches %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // partitionHarness is one partition actor of events[0], spawned from the
 // root (a panic restarts it), with the watermarks it asks to seek back to.
 type partitionHarness struct {

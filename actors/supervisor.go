@@ -48,7 +48,10 @@ type SupervisorConfig struct {
 	// neither a stored nor a committed offset.
 	AutoOffsetReset string
 	BatchSize       int
-	Linger          time.Duration
+	// MaxBatch is the most records a batch takes when its partition is
+	// behind (processing.max_batch_size); 0: BatchSize.
+	MaxBatch int
+	Linger   time.Duration
 	// MaxBuffered is the most records one partition holds
 	// (processing.max_buffered_per_partition); 0: no bound but the budget.
 	MaxBuffered int

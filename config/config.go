@@ -97,8 +97,12 @@ type Postgres struct {
 
 // Processing is the processing section: batching and back-pressure.
 type Processing struct {
-	BatchSize   int           // processing.batch_size, max records per transaction
+	BatchSize   int           // processing.batch_size, records per transaction
 	BatchLinger time.Duration // processing.batch_linger, max wait to fill a batch
+	// MaxBatchSize (processing.max_batch_size) is the most records a
+	// transaction takes when its partition is behind; 0 means
+	// DefaultBatchGrowth × BatchSize (MaxBatch).
+	MaxBatchSize int
 	// MaxBufferedPerPartition (processing.max_buffered_per_partition) is
 	// the most records one partition holds, however much of MemoryBudget
 	// is free: it bounds what a slow or stuck partition keeps.
@@ -107,6 +111,26 @@ type Processing struct {
 	// all partitions of the instance hold together, whatever their number
 	// (see actors.Budget for what counts and how it is shared).
 	MemoryBudget ByteSize
+}
+
+// DefaultBatchGrowth is how many times processing.batch_size a partition
+// that is behind puts in one transaction when processing.max_batch_size is
+// not set.
+const DefaultBatchGrowth = 4
+
+// maxBatchLimit bounds processing.batch_size and processing.max_batch_size.
+const maxBatchLimit = 100000
+
+// MaxBatch returns the most records one transaction takes: a partition
+// whose queue holds more than BatchSize records (it is behind) cuts
+// batches of up to this many, one transaction, one COMMIT and one offset
+// advance for all of them; at lower rates a batch is BatchSize records or
+// what BatchLinger gathered.
+func (p Processing) MaxBatch() int {
+	if p.MaxBatchSize > 0 {
+		return max(p.MaxBatchSize, p.BatchSize)
+	}
+	return min(max(DefaultBatchGrowth*p.BatchSize, p.BatchSize), maxBatchLimit)
 }
 
 // ByteSize is a number of bytes, written as an integer or with a binary

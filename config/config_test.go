@@ -67,6 +67,7 @@ func TestDefaults(t *testing.T) {
 		{"postgres.max_conns", cfg.Postgres.MaxConns, 0},
 		{"postgres.synchronous_commit", cfg.Postgres.SynchronousCommit, "on"},
 		{"processing.batch_size", cfg.Processing.BatchSize, 500},
+		{"processing.max_batch_size", cfg.Processing.MaxBatchSize, 0},
 		{"processing.batch_linger", cfg.Processing.BatchLinger, 20 * time.Millisecond},
 		{"processing.max_buffered_per_partition", cfg.Processing.MaxBufferedPerPartition, 10000},
 		{"processing.memory_budget", cfg.Processing.MemoryBudget, ByteSize(32 << 20)},
@@ -375,5 +376,26 @@ func TestYAMLErrorNamesTheBadLine(t *testing.T) {
 				t.Fatalf("got %q, want it to contain %q", ce, want)
 			}
 		})
+	}
+}
+
+// TestMaxBatch: the most records a transaction of a partition that is
+// behind takes: 4 × batch_size unless set, never below batch_size, never
+// above the bound of batch_size itself.
+func TestMaxBatch(t *testing.T) {
+	for _, tc := range []struct {
+		batch, max, want int
+	}{
+		{500, 0, 2000},
+		{500, 500, 500},
+		{500, 3000, 3000},
+		{1, 0, 4},
+		{60000, 0, 100000},
+		{100000, 0, 100000},
+	} {
+		p := Processing{BatchSize: tc.batch, MaxBatchSize: tc.max}
+		if got := p.MaxBatch(); got != tc.want {
+			t.Errorf("batch_size %d, max_batch_size %d: MaxBatch %d, want %d", tc.batch, tc.max, got, tc.want)
+		}
 	}
 }

@@ -132,7 +132,11 @@ func (c Config) Validate() error {
 	c.validatePipelines(v)
 
 	p := c.Processing
-	v.intRange("processing.batch_size", p.BatchSize, 1, 100000)
+	v.intRange("processing.batch_size", p.BatchSize, 1, maxBatchLimit)
+	if p.MaxBatchSize != 0 && (p.MaxBatchSize < p.BatchSize || p.MaxBatchSize > maxBatchLimit) {
+		v.bad("processing.max_batch_size", strconv.Itoa(p.MaxBatchSize),
+			fmt.Sprintf("0 (%d × processing.batch_size), or processing.batch_size (%d)..%d", DefaultBatchGrowth, p.BatchSize, maxBatchLimit))
+	}
 	v.durRange("processing.batch_linger", p.BatchLinger, 0, 10*time.Second)
 	if p.MaxBufferedPerPartition < max(p.BatchSize, 1) {
 		v.bad("processing.max_buffered_per_partition", strconv.Itoa(p.MaxBufferedPerPartition),

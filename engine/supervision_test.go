@@ -69,7 +69,13 @@ func TestPanicOnceEveryThousandthRecord(t *testing.T) {
 	p := &panicky{ledger: ledger{"sup"}, seen: map[string]bool{}, choose: func(id string) bool { return every[id] }}
 	reg := prometheus.NewRegistry()
 	logs := &testenv.Buffer{}
-	r := runWithLogs(t, testConfig(t, addr, dbURL, config.ModeAtLeastOnce), p, reg, logs)
+	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
+	// Batches of 500 alone: panics are counted per batch start, and a
+	// batch grown to a partition's whole backlog can hold retry.max_attempts
+	// of the chosen records; its last panic then isolates the batch instead
+	// of restarting the actor, and the count below is one short.
+	cfg.Processing.MaxBatchSize = cfg.Processing.BatchSize
+	r := runWithLogs(t, cfg, p, reg, logs)
 	waitApplied(t, pool, n)
 	r.Stop(t)
 
@@ -326,6 +332,10 @@ func TestRestartBudgetStopsTheEngine(t *testing.T) {
 	cfg := testConfig(t, addr, dbURL, config.ModeAtLeastOnce)
 	cfg.Supervision.MaxRestarts = 3
 	cfg.Supervision.Within = time.Minute
+	// Batches of 500 alone: the first batch of partition 0 is isolated
+	// (its 500 records dead-lettered) and the next one panics again; a
+	// batch grown to the partition's 1000 records would leave no next one.
+	cfg.Processing.MaxBatchSize = cfg.Processing.BatchSize
 	logs := &testenv.Buffer{}
 	e := startWith(t, cfg, engine.Options{Processor: partitionPanics{ledger{"a"}, 0}, Owner: "a",
 		Registry: prometheus.NewRegistry()}, testenv.Log{To: logs, JSON: true})
