@@ -65,12 +65,19 @@ func sendDeadLetters(ctx context.Context, cfg *PartitionConfig, batch tracing.Ba
 		letters[i].FailedAt = now
 		l := letters[i]
 		// Spans get the reason as the log does: without the record's
-		// values unless log.include_values.
-		shown := cfg.DeadLetterLog.Text(l.Reason)
-		batch.RecordFailed(l.Record.Offset, errors.New(shown))
+		// values unless log.include_values. Redacting costs four regular
+		// expressions a letter, so only for a span that records it.
+		var shown string
+		if batch.Recording() {
+			shown = cfg.DeadLetterLog.Text(l.Reason)
+			batch.RecordFailed(l.Record.Offset, errors.New(shown))
+		}
 		send := batch.StartSend(cfg.DLQTopic)
 		letters[i].Trace = send
 		if send.Recording() {
+			if shown == "" {
+				shown = cfg.DeadLetterLog.Text(l.Reason)
+			}
 			send.String("ratchet.dead_letter.reason", shown)
 			send.String("ratchet.dead_letter.topic", l.Record.Topic)
 			send.Int("ratchet.dead_letter.partition", int64(l.Record.Partition))

