@@ -23,6 +23,10 @@ type Backfiller struct {
 	Decoder func(topic string) actors.ValueDecoder
 	// Processor applies the pipeline alone.
 	Processor *pipeline.Processor
+	// Descending: the range is applied from its end down, each record
+	// marked with pipeline.HeaderBackfill (an upsert without a version:
+	// see pipeline.Set.BackfillDescending).
+	Descending bool
 }
 
 // NewBackfiller compiles cfg's pipelines and returns the backfiller of
@@ -55,7 +59,8 @@ func NewBackfiller(ctx context.Context, cfg config.Config, q pipeline.Querier, n
 		return nil, err
 	}
 	topic, _ := one.Topic(name)
-	return &Backfiller{Topic: topic, Decoder: dec, Processor: pipeline.New(one, schema, counters)}, nil
+	return &Backfiller{Topic: topic, Decoder: dec, Processor: pipeline.New(one, schema, counters),
+		Descending: one.BackfillDescending(name)}, nil
 }
 
 // pipelineKey is the key path of pipeline name, pipelines[i].

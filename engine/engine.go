@@ -110,7 +110,10 @@ type engine struct {
 	opts Options
 	log  *slog.Logger
 	reg  *prometheus.Registry
-	m    *metrics.Metrics
+	// backfills exports the pipelines' backfill progress (nil without
+	// pipelines).
+	backfills *backfillCollector
+	m         *metrics.Metrics
 	// decoders returns a new partition's value decoder (see newDecoders).
 	decoders func(topic string) actors.ValueDecoder
 	// tracer makes the spans, nil with tracing off; sdk is the provider
@@ -164,6 +167,10 @@ func newEngine(cfg config.Config, opts Options) (*engine, error) {
 	}
 	e := &engine{cfg: cfg, opts: opts, log: opts.Logger, reg: reg, m: m, decoders: decoders, pipelines: pipelines,
 		stopBy: func() time.Time { return time.Now().Add(cfg.Shutdown.Timeout) }}
+	if pipelines != nil {
+		e.backfills = newBackfillCollector(cfg.Kafka.GroupID)
+		reg.MustRegister(e.backfills)
+	}
 	if err := e.startTracing(); err != nil {
 		return nil, err
 	}
@@ -396,6 +403,10 @@ func (e *engine) run(ctx context.Context) error {
 			return err
 		}
 	}
+	if e.backfills != nil {
+		e.backfills.set(pool)
+		defer e.backfills.set(nil) // before the pool closes
+	}
 	// The dead-letter log's last summaries are written once the
 	// supervisor stopped its partitions (below, before "engine stopped"),
 	// or, when the start ends early, by this defer: every dead letter
@@ -454,6 +465,7 @@ func (e *engine) run(ctx context.Context) error {
 		NewDecoder:      e.decoders,
 		AutoOffsetReset: cfg.Kafka.AutoOffsetReset,
 		BatchSize:       cfg.Processing.BatchSize,
+		MaxBatch:        cfg.Processing.MaxBatch(),
 		Linger:          cfg.Processing.BatchLinger,
 		MaxBuffered:     cfg.Processing.MaxBufferedPerPartition,
 		MemoryBudget:    int64(cfg.Processing.MemoryBudget),

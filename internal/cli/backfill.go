@@ -39,9 +39,10 @@ type backfillOptions struct {
 	from     time.Time // zero: from the earliest offset
 	execute  bool
 	rate     float64 // records per second; 0: no limit
+	metrics  string  // host:port to serve /metrics on while it runs; "": none
 }
 
-const backfillUsage = "usage: ratchet pipelines backfill NAME [--from-earliest | --from-datetime RFC3339] [--execute] [--rate N] [--config FILE]"
+const backfillUsage = "usage: ratchet pipelines backfill NAME [--from-earliest | --from-datetime RFC3339] [--execute] [--rate N] [--metrics-addr HOST:PORT] [--config FILE]"
 
 // parseBackfillArgs reads NAME and the flags, in either order.
 func parseBackfillArgs(e *env, args []string) (backfillOptions, error) {
@@ -52,6 +53,7 @@ func parseBackfillArgs(e *env, args []string) (backfillOptions, error) {
 	from := fs.String("from-datetime", "", "start at the first record at or after this `RFC3339` time (by Kafka timestamp, per partition)")
 	fs.BoolVar(&o.execute, "execute", false, "apply the backfill (without it: print the plan only)")
 	fs.Float64Var(&o.rate, "rate", 0, "at most `N` records per second (0: no limit)")
+	fs.StringVar(&o.metrics, "metrics-addr", "", "serve the run's Prometheus metrics on `HOST:PORT`/metrics while it runs (the live engine's /metrics shows the committed progress too)")
 	var rest []string
 	for len(args) > 0 {
 		if err := fs.Parse(args); err != nil {
@@ -119,11 +121,13 @@ func (p backfillPlan) remaining() int64 {
 // without an origin (the pipeline has not applied a batch there yet), an
 // adopted origin (the history may already be applied), a definition that
 // is not the one the pipeline runs with, a recorded range that ends
-// elsewhere than the origin. start returns where a new range starts on a
-// partition (from the earliest offset, or --from-datetime), low is the
-// partition's earliest offset.
+// elsewhere than the origin or in the other direction. start returns
+// where a new range starts on a partition (from the earliest offset, or
+// --from-datetime), low is the partition's earliest offset. descending:
+// new ranges are applied from their end down (an upsert without a
+// version).
 func planBackfill(name, topic, fingerprint string, parts []int32, origins []store.BackfillOrigin,
-	recorded []store.BackfillPosition, low map[int32]int64, start map[int32]int64) (backfillPlan, error) {
+	recorded []store.BackfillPosition, low map[int32]int64, start map[int32]int64, descending bool) (backfillPlan, error) {
 	plan := backfillPlan{pipeline: name, topic: topic}
 	byPart := map[int32]store.BackfillOrigin{}
 	for _, o := range origins {
@@ -156,13 +160,25 @@ func planBackfill(name, topic, fingerprint string, parts []int32, origins []stor
 				problems = append(problems, fmt.Sprintf("%s[%d]: the recorded backfill of pipeline %s ends at %d, but it began live at %d (reset since?): `ratchet pipelines reset %s --execute` forgets both", topic, p, name, r.To, o.LiveFrom, name))
 				continue
 			}
+			if r.Descending != descending {
+				problems = append(problems, fmt.Sprintf("%s[%d]: the recorded backfill of pipeline %s was applied in the other order (descending %t): `ratchet pipelines reset %s --execute` forgets it", topic, p, name, r.Descending, name))
+				continue
+			}
 			part.BackfillPosition, part.recorded = r, true
-			if r.Next < r.To && r.Next < low[p] {
-				plan.notes = append(plan.notes, fmt.Sprintf("%s[%d]: offsets %d..%d of the backfill are no longer in the topic (retention): they are passed over", topic, p, r.Next, low[p]-1))
+			// The lowest offset the backfill has still to apply.
+			lowest := r.Next
+			if r.Descending {
+				lowest = r.From
+			}
+			if r.Remaining() > 0 && lowest < low[p] {
+				plan.notes = append(plan.notes, fmt.Sprintf("%s[%d]: offsets %d..%d of the backfill are no longer in the topic (retention): they are passed over", topic, p, lowest, low[p]-1))
 			}
 		} else {
 			from := min(max(start[p], low[p]), o.LiveFrom)
-			part.BackfillPosition = store.BackfillPosition{Topic: topic, Partition: p, From: from, To: o.LiveFrom, Next: from}
+			part.BackfillPosition = store.BackfillPosition{Topic: topic, Partition: p, From: from, To: o.LiveFrom, Next: from, Descending: descending}
+			if descending {
+				part.Next = o.LiveFrom
+			}
 		}
 		plan.parts = append(plan.parts, part)
 	}
@@ -183,6 +199,9 @@ func short(fp string) string {
 // remains.
 func writeBackfillPlan(w io.Writer, plan backfillPlan, execute bool) {
 	fmt.Fprintf(w, "backfill of pipeline %s from %s, up to where it began live:\n", plan.pipeline, plan.topic)
+	if len(plan.parts) > 0 && plan.parts[0].Descending {
+		fmt.Fprintln(w, "  (an upsert without upsert.version: each partition is read from its newest record down, and a backfilled record writes a row only where the table has none for its key)")
+	}
 	for _, p := range plan.parts {
 		state := "new"
 		if p.recorded {
@@ -191,8 +210,12 @@ func writeBackfillPlan(w io.Writer, plan backfillPlan, execute bool) {
 		if p.Remaining() == 0 {
 			state += ", done"
 		}
-		fmt.Fprintf(w, "  %s[%d]: from %d to %d (exclusive), next %d, %d offsets to apply (%s)\n",
-			p.Topic, p.Partition, p.From, p.To, p.Next, p.Remaining(), state)
+		next := fmt.Sprintf("next %d", p.Next)
+		if p.Descending {
+			next = fmt.Sprintf("applied down to %d", p.Next)
+		}
+		fmt.Fprintf(w, "  %s[%d]: from %d to %d (exclusive), %s, %d offsets to apply (%s)\n",
+			p.Topic, p.Partition, p.From, p.To, next, p.Remaining(), state)
 	}
 	for _, n := range plan.notes {
 		fmt.Fprintln(w, "  note: "+n)
@@ -254,13 +277,22 @@ func runBackfill(ctx context.Context, w io.Writer, cfg config.Config, o backfill
 	}
 	defer k.Close()
 	group := cfg.Kafka.GroupID
-	plan, err := makeBackfillPlan(ctx, k, pool, group, o, bf.Topic, fp)
+	plan, err := makeBackfillPlan(ctx, k, pool, group, o, bf, fp)
 	if err != nil {
 		return err
 	}
 	if !o.execute {
 		writeBackfillPlan(w, plan, false)
 		return nil
+	}
+	var bm *backfillMetrics
+	if o.metrics != "" {
+		var stop func()
+		if bm, stop, err = serveBackfillMetrics(o.metrics, o.name); err != nil {
+			return err
+		}
+		defer stop()
+		fmt.Fprintf(w, "metrics on http://%s/metrics\n", bm.addr)
 	}
 	owner := leaseOwner()
 	lease, err := store.LockBackfill(ctx, pool, group, o.name, owner)
@@ -270,7 +302,7 @@ func runBackfill(ctx context.Context, w io.Writer, cfg config.Config, o backfill
 	defer func() { _ = lease.Release(ctx) }()
 	// Planned again under the lease: another run may have moved the
 	// position since.
-	if plan, err = makeBackfillPlan(ctx, k, pool, group, o, bf.Topic, fp); err != nil {
+	if plan, err = makeBackfillPlan(ctx, k, pool, group, o, bf, fp); err != nil {
 		return err
 	}
 	var fresh []store.BackfillPosition
@@ -282,7 +314,7 @@ func runBackfill(ctx context.Context, w io.Writer, cfg config.Config, o backfill
 	if err := store.StartBackfill(ctx, pool, group, o.name, fresh); err != nil {
 		return err
 	}
-	if plan, err = makeBackfillPlan(ctx, k, pool, group, o, bf.Topic, fp); err != nil {
+	if plan, err = makeBackfillPlan(ctx, k, pool, group, o, bf, fp); err != nil {
 		return err
 	}
 	writeBackfillPlan(w, plan, true)
@@ -293,9 +325,10 @@ func runBackfill(ctx context.Context, w io.Writer, cfg config.Config, o backfill
 	defer p.Close()
 	r := &backfiller{w: w, cfg: cfg, k: k, pool: pool, bf: bf, lease: lease, dlq: p, name: o.name,
 		step: store.BackfillStep{Group: group, Pipeline: o.name, Owner: owner}, batchSize: cfg.Processing.BatchSize,
-		rate: o.rate, total: plan.remaining(), started: time.Now()}
+		rate: o.rate, total: plan.remaining(), started: time.Now(), metrics: bm}
 	r.store = store.New(pool, bf.Processor)
 	r.lastProgress = r.started
+	r.metrics.update(r)
 	for _, part := range plan.parts {
 		if part.Remaining() == 0 {
 			continue
@@ -311,7 +344,8 @@ func runBackfill(ctx context.Context, w io.Writer, cfg config.Config, o backfill
 }
 
 // makeBackfillPlan reads what planBackfill decides from.
-func makeBackfillPlan(ctx context.Context, k *kafkaTool, pool *pgxpool.Pool, group string, o backfillOptions, topic, fp string) (backfillPlan, error) {
+func makeBackfillPlan(ctx context.Context, k *kafkaTool, pool *pgxpool.Pool, group string, o backfillOptions, bf *engine.Backfiller, fp string) (backfillPlan, error) {
+	topic := bf.Topic
 	all, err := k.topics()
 	if err != nil {
 		return backfillPlan{}, err
@@ -329,13 +363,30 @@ func makeBackfillPlan(ctx context.Context, k *kafkaTool, pool *pgxpool.Pool, gro
 	if err != nil {
 		return backfillPlan{}, err
 	}
-	low, start := map[int32]int64{}, map[int32]int64{}
+	low, start, high := map[int32]int64{}, map[int32]int64{}, map[int32]int64{}
 	for _, p := range parts {
 		e, err := k.ends(ctx, topic, p)
 		if err != nil {
 			return backfillPlan{}, err
 		}
-		low[p], start[p] = e.low, e.low
+		low[p], start[p], high[p] = e.low, e.low, e.high
+	}
+	// A partition that received no record since the pipeline was added
+	// has no origin; where the group is at rest (its stored position is
+	// the partition's end) the pipeline begins there: recorded with
+	// --execute, shown by a dry run.
+	var atRest []store.BackfillOrigin
+	if len(origins) < len(parts) {
+		if atRest, err = store.OriginsAtRest(ctx, pool, group, o.name, topic, fp, high, o.execute); err != nil {
+			return backfillPlan{}, err
+		}
+		if o.execute && len(atRest) > 0 {
+			if origins, err = store.BackfillOrigins(ctx, pool, group, o.name); err != nil {
+				return backfillPlan{}, err
+			}
+		} else {
+			origins = append(origins, atRest...)
+		}
 	}
 	if !o.from.IsZero() {
 		var tps []kafka.TopicPartition
@@ -358,7 +409,16 @@ func makeBackfillPlan(ctx context.Context, k *kafkaTool, pool *pgxpool.Pool, gro
 			}
 		}
 	}
-	return planBackfill(o.name, topic, fp, parts, origins, recorded, low, start)
+	plan, err := planBackfill(o.name, topic, fp, parts, origins, recorded, low, start, bf.Descending)
+	for _, r := range atRest {
+		verb := "begins"
+		if o.execute {
+			verb = "began"
+		}
+		plan.notes = append(plan.notes, fmt.Sprintf("%s[%d]: no record since pipeline %s was added; the group applied everything up to the partition's end, %d, where the pipeline %s live (recorded with --execute)",
+			topic, r.Partition, o.name, r.LiveFrom, verb))
+	}
+	return plan, err
 }
 
 // newDLQProducer is the producer a backfill writes its dead letters with.
@@ -388,6 +448,8 @@ type backfiller struct {
 	batchSize int
 	rate      float64
 
+	metrics                *backfillMetrics // nil: not served
+
 	total, done            int64 // offsets of the plan, and passed so far
 	applied, dead, skipped int64
 	started, lastProgress  time.Time
@@ -404,23 +466,25 @@ func (r *backfiller) held(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// partition applies part's range from its recorded next offset to its
-// end, a batch of at most processing.batch_size records per transaction.
-// It reads with a consumer of its own assignment (no group, no commits)
-// and ends by position, as readPartition does: offsets without a record
+// partition applies part's range from its recorded position to its end,
+// a batch of at most processing.batch_size records per transaction. It
+// reads with a consumer of its own assignment (no group, no commits) and
+// ends by position, as readPartition does: offsets without a record
 // (transaction markers, compacted records) pass with the batch after them.
 func (r *backfiller) partition(ctx context.Context, part backfillPart) error {
+	if part.Descending {
+		return r.partitionDescending(ctx, part)
+	}
 	topic, p := part.Topic, part.Partition
 	dec := r.bf.Decoder(topic)
-	t := topic
-	if err := r.k.c.Assign([]kafka.TopicPartition{{Topic: &t, Partition: p, Offset: kafka.Offset(max(part.Next, part.low))}}); err != nil {
-		return fmt.Errorf("read %s[%d]: %w", topic, p, err)
+	if err := r.assign(topic, p, max(part.Next, part.low)); err != nil {
+		return err
 	}
 	defer func() { _ = r.k.c.Unassign() }()
 	start, at, end := part.Next, max(part.Next, part.low), part.To
 	var batch []processor.Record
 	flush := func(next int64) error {
-		if err := r.apply(ctx, dec, topic, p, batch, start, next); err != nil {
+		if err := r.apply(ctx, dec, topic, p, batch, start, next, false); err != nil {
 			return err
 		}
 		r.done += next - start
@@ -429,37 +493,12 @@ func (r *backfiller) partition(ctx context.Context, part backfillPart) error {
 		return nil
 	}
 	for at < end {
-		if err := r.held(ctx); err != nil {
-			return fmt.Errorf("backfill %s[%d] at %d: %w (a rerun continues from the recorded position)", topic, p, start, err)
+		rec, err := r.read(ctx, topic, p, &at, end)
+		if err != nil {
+			return fmt.Errorf("backfill %s[%d] at %d: %w", topic, p, start, err)
 		}
-		switch m := r.k.c.Poll(200).(type) {
-		case *kafka.Message:
-			if m.TopicPartition.Error != nil {
-				return fmt.Errorf("read %s[%d]: %w", topic, p, m.TopicPartition.Error)
-			}
-			off := int64(m.TopicPartition.Offset)
-			if off < at {
-				continue
-			}
-			if off >= end {
-				at = end // the live range: not the backfill's
-				continue
-			}
-			batch = append(batch, sampleRecord(topic, p, m))
-			at = off + 1
-		case kafka.PartitionEOF:
-			if m.Topic != nil && *m.Topic == topic && m.Partition == p {
-				at = max(at, min(int64(m.Offset), end))
-			}
-		case kafka.Error:
-			if m.IsFatal() {
-				return fmt.Errorf("read %s[%d]: %w", topic, p, m)
-			}
-		case nil:
-			ps, err := r.k.c.Position([]kafka.TopicPartition{{Topic: &t, Partition: p}})
-			if err == nil && len(ps) == 1 && ps[0].Offset >= 0 {
-				at = max(at, min(int64(ps[0].Offset), end))
-			}
+		if rec != nil {
+			batch = append(batch, *rec)
 		}
 		if len(batch) >= r.batchSize || (at >= end && at > start) {
 			if err := flush(at); err != nil {
@@ -473,13 +512,105 @@ func (r *backfiller) partition(ctx context.Context, part backfillPart) error {
 	return nil
 }
 
+// partitionDescending applies part's range from its end down, a
+// transaction per processing.batch_size offsets: each step reads the
+// offsets below the position and applies them, marked as older than the
+// table's rows (pipeline.HeaderBackfill), so that for an upsert without a
+// version the newest record of a key before the origin is written first
+// and the older ones only where no row is. Offsets no longer in the topic
+// pass in one step.
+func (r *backfiller) partitionDescending(ctx context.Context, part backfillPart) error {
+	topic, p := part.Topic, part.Partition
+	dec := r.bf.Decoder(topic)
+	defer func() { _ = r.k.c.Unassign() }()
+	for hi := part.Next; hi > part.From; {
+		lo := max(part.From, hi-int64(r.batchSize))
+		var batch []processor.Record
+		if hi <= part.low {
+			lo = part.From // retention took the rest
+		} else {
+			at := max(lo, part.low)
+			if err := r.assign(topic, p, at); err != nil {
+				return err
+			}
+			for at < hi {
+				rec, err := r.read(ctx, topic, p, &at, hi)
+				if err != nil {
+					return fmt.Errorf("backfill %s[%d] at %d: %w", topic, p, hi, err)
+				}
+				if rec != nil {
+					batch = append(batch, *rec)
+				}
+			}
+		}
+		if err := r.apply(ctx, dec, topic, p, batch, lo, hi, true); err != nil {
+			return err
+		}
+		r.done += hi - lo
+		hi = lo
+		r.progress(false)
+	}
+	return nil
+}
+
+// assign points the backfill's consumer at topic[p] from offset.
+func (r *backfiller) assign(topic string, p int32, offset int64) error {
+	if err := r.k.c.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: p, Offset: kafka.Offset(offset)}}); err != nil {
+		return fmt.Errorf("read %s[%d]: %w", topic, p, err)
+	}
+	return nil
+}
+
+// read polls the consumer assigned to topic[p] once and moves *at, the
+// first offset not read yet, toward end: it returns the record read when
+// it is one of the range (offsets before *at are passed over, the first
+// at or past end ends the range), and moves *at on the end of the
+// partition and on the consumer's position when nothing came.
+func (r *backfiller) read(ctx context.Context, topic string, p int32, at *int64, end int64) (*processor.Record, error) {
+	if err := r.held(ctx); err != nil {
+		return nil, fmt.Errorf("%w (a rerun continues from the recorded position)", err)
+	}
+	switch m := r.k.c.Poll(200).(type) {
+	case *kafka.Message:
+		if m.TopicPartition.Error != nil {
+			return nil, fmt.Errorf("read %s[%d]: %w", topic, p, m.TopicPartition.Error)
+		}
+		off := int64(m.TopicPartition.Offset)
+		switch {
+		case off < *at:
+			return nil, nil
+		case off >= end:
+			*at = end // past the range
+			return nil, nil
+		}
+		*at = off + 1
+		rec := sampleRecord(topic, p, m)
+		return &rec, nil
+	case kafka.PartitionEOF:
+		if m.Topic != nil && *m.Topic == topic && m.Partition == p {
+			*at = max(*at, min(int64(m.Offset), end))
+		}
+	case kafka.Error:
+		if m.IsFatal() {
+			return nil, fmt.Errorf("read %s[%d]: %w", topic, p, m)
+		}
+	case nil:
+		ps, err := r.k.c.Position([]kafka.TopicPartition{{Topic: &topic, Partition: p}})
+		if err == nil && len(ps) == 1 && ps[0].Offset >= 0 {
+			*at = max(*at, min(int64(ps[0].Offset), end))
+		}
+	}
+	return nil, nil
+}
+
 // apply applies recs, the records of offsets start..next-1 that are still
-// in the topic, and moves the position from start to next in the same
-// transaction. A record the decoder refuses is dead-lettered first; a
-// record the pipeline or PostgreSQL refuses is isolated by halving the
-// batch, as the engine does, and dead-lettered; a replay for another
-// consumer group is passed over.
-func (r *backfiller) apply(ctx context.Context, dec actors.ValueDecoder, topic string, p int32, recs []processor.Record, start, next int64) error {
+// in the topic, and moves the position from start to next (from next down
+// to start when descending, the records then marked as older than the
+// table's rows) in the same transaction. A record the decoder refuses is
+// dead-lettered first; a record the pipeline or PostgreSQL refuses is
+// isolated by halving the batch, as the engine does, and dead-lettered; a
+// replay for another consumer group is passed over.
+func (r *backfiller) apply(ctx context.Context, dec actors.ValueDecoder, topic string, p int32, recs []processor.Record, start, next int64, descending bool) error {
 	good := make([]processor.Record, 0, len(recs))
 	var letters []actors.Letter
 	var decoding []bool
@@ -494,6 +625,9 @@ func (r *backfiller) apply(ctx context.Context, dec actors.ValueDecoder, topic s
 		case err != nil:
 			letters = append(letters, actors.Letter{Record: rec, Reason: err, Attempts: 1})
 			decoding = append(decoding, true)
+		case descending:
+			rec.Headers = append(slices.Clip(rec.Headers), processor.Header{Key: pipeline.HeaderBackfill, Value: []byte(r.name)})
+			good = append(good, rec)
 		default:
 			good = append(good, rec)
 		}
@@ -501,13 +635,14 @@ func (r *backfiller) apply(ctx context.Context, dec actors.ValueDecoder, topic s
 	if err := r.deadLetter(ctx, letters, decoding); err != nil {
 		return err
 	}
-	return r.applyRange(ctx, topic, p, good, start, next)
+	return r.applyRange(ctx, topic, p, good, start, next, descending)
 }
 
-// applyRange applies recs with the position move start..next, halving on
-// a record's error until the record is alone, which is dead-lettered.
-func (r *backfiller) applyRange(ctx context.Context, topic string, p int32, recs []processor.Record, start, next int64) error {
-	err := r.applyOnce(ctx, topic, p, recs, start, next)
+// applyRange applies recs with the position move start..next (next..start
+// when descending), halving on a record's error until the record is
+// alone, which is dead-lettered. Descending, the newer half goes first.
+func (r *backfiller) applyRange(ctx context.Context, topic string, p int32, recs []processor.Record, start, next int64, descending bool) error {
+	err := r.applyOnce(ctx, topic, p, recs, start, next, descending)
 	if err == nil || !store.IsRecordError(err) || store.IsConfigurationError(err) {
 		return err
 	}
@@ -515,24 +650,29 @@ func (r *backfiller) applyRange(ctx context.Context, topic string, p int32, recs
 		if err := r.deadLetter(ctx, []actors.Letter{{Record: recs[0], Reason: err, Attempts: 1}}, []bool{false}); err != nil {
 			return err
 		}
-		return r.applyOnce(ctx, topic, p, nil, start, next)
+		return r.applyOnce(ctx, topic, p, nil, start, next, descending)
 	}
 	mid := len(recs) / 2
-	if err := r.applyRange(ctx, topic, p, recs[:mid], start, recs[mid].Offset); err != nil {
+	older := func() error { return r.applyRange(ctx, topic, p, recs[:mid], start, recs[mid].Offset, descending) }
+	newer := func() error { return r.applyRange(ctx, topic, p, recs[mid:], recs[mid].Offset, next, descending) }
+	if descending {
+		older, newer = newer, older
+	}
+	if err := older(); err != nil {
 		return err
 	}
-	return r.applyRange(ctx, topic, p, recs[mid:], recs[mid].Offset, next)
+	return newer()
 }
 
 // applyOnce applies one batch in one transaction, trying again what may
 // pass later (the database unreachable, a deadlock) for as long as the
 // lease is held. The rate limit is applied before.
-func (r *backfiller) applyOnce(ctx context.Context, topic string, p int32, recs []processor.Record, start, next int64) error {
+func (r *backfiller) applyOnce(ctx context.Context, topic string, p int32, recs []processor.Record, start, next int64, descending bool) error {
 	if err := r.limit(ctx, len(recs)); err != nil {
 		return err
 	}
 	step := r.step
-	step.Records = int64(len(recs))
+	step.Records, step.Descending = int64(len(recs)), descending
 	b := processor.Batch{Topic: topic, Partition: p, Start: start, Next: next, Records: recs}
 	wait := 100 * time.Millisecond
 	for {
@@ -606,6 +746,11 @@ func (r *backfiller) deadLetter(ctx context.Context, letters []actors.Letter, de
 		l := &letters[i]
 		l.FailedAt = time.Now()
 		topic := r.cfg.Kafka.DLQTopic(l.Record.Topic)
+		// A record of a descending backfill already carries the mark: the
+		// dead letter has it once.
+		l.Record.Headers = slices.DeleteFunc(slices.Clone(l.Record.Headers), func(h processor.Header) bool {
+			return h.Key == pipeline.HeaderBackfill && string(h.Value) == r.name
+		})
 		headers := append(actors.DeadLetterHeaders(*l, decoding[i]), kafka.Header{Key: pipeline.HeaderBackfill, Value: []byte(r.name)})
 		m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 			Key: l.Record.Key, Value: l.Record.Value, Timestamp: l.Record.Timestamp, Headers: headers}
@@ -653,6 +798,7 @@ func (r *backfiller) shown(err error) string {
 // with final): offsets passed of the plan, records applied, the rate
 // since the last line, and what remains.
 func (r *backfiller) progress(final bool) {
+	r.metrics.update(r)
 	now := time.Now()
 	if !final && now.Sub(r.lastProgress) < backfillProgressEvery {
 		return

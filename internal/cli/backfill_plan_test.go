@@ -74,7 +74,7 @@ func TestPlanBackfill(t *testing.T) {
 	low := map[int32]int64{0: 10, 1: 0}
 	start := map[int32]int64{0: 0, 1: 0}
 	t.Run("new ranges", func(t *testing.T) {
-		plan, err := planBackfill("rev", "orders", "fp1", []int32{0, 1}, []store.BackfillOrigin{origin(0, 100), origin(1, 50)}, nil, low, start)
+		plan, err := planBackfill("rev", "orders", "fp1", []int32{0, 1}, []store.BackfillOrigin{origin(0, 100), origin(1, 50)}, nil, low, start, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +90,7 @@ func TestPlanBackfill(t *testing.T) {
 	})
 	t.Run("from a time past the origin", func(t *testing.T) {
 		plan, err := planBackfill("rev", "orders", "fp1", []int32{0}, []store.BackfillOrigin{origin(0, 100)}, nil, low,
-			map[int32]int64{0: 1<<63 - 1})
+			map[int32]int64{0: 1<<63 - 1}, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +100,7 @@ func TestPlanBackfill(t *testing.T) {
 	})
 	t.Run("recorded", func(t *testing.T) {
 		rec := []store.BackfillPosition{{Topic: "orders", Partition: 0, From: 0, To: 100, Next: 40, Records: 40}}
-		plan, err := planBackfill("rev", "orders", "fp1", []int32{0}, []store.BackfillOrigin{origin(0, 100)}, rec, map[int32]int64{0: 60}, start)
+		plan, err := planBackfill("rev", "orders", "fp1", []int32{0}, []store.BackfillOrigin{origin(0, 100)}, rec, map[int32]int64{0: 60}, start, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +126,7 @@ func TestPlanBackfill(t *testing.T) {
 			[]store.BackfillPosition{{Topic: "orders", Partition: 1, From: 0, To: 40, Next: 0}}, "ends at 40, but it began live at 50"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := planBackfill("rev", "orders", "fp1", []int32{0, 1}, tc.origins, tc.recorded, low, start)
+			_, err := planBackfill("rev", "orders", "fp1", []int32{0, 1}, tc.origins, tc.recorded, low, start, false)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err %v, want %q", err, tc.want)
 			}

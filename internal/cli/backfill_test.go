@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -90,7 +93,10 @@ type backfillEnv struct {
 	// shuffles them, so that the history before the origins holds
 	// versions newer than some the live part applies, and older ones.
 	version int64
-	mu      sync.Mutex
+	// keyed puts every record of a key in one partition (the key's
+	// number's parity); otherwise records alternate between partitions.
+	keyed bool
+	mu    sync.Mutex
 	orders  []bfOrder // every order produced, with its offset
 }
 
@@ -151,6 +157,11 @@ func (e *backfillEnv) produce(t *testing.T, n int, bad func(i int) bool) []bfOrd
 			Amount: float64(e.rng.IntN(1000)), part: int32(i % 2),
 			TS: time.Date(2026, 12, 1, 9, e.rng.IntN(20), e.rng.IntN(60), 0, time.UTC).Format(time.RFC3339)}
 		e.version++
+		if e.keyed {
+			var n int32
+			fmt.Sscanf(o.ID, "k%d", &n)
+			o.part = n % 2
+		}
 		v, _ := json.Marshal(o)
 		if bad != nil && bad(i) {
 			o.bad = true
@@ -400,7 +411,7 @@ func (e *backfillEnv) assertBackfillDeadLetters(t *testing.T) {
 }
 
 // What a backfill refuses, each with exit code 2 or 1 and the reason: an
-// upsert without a version, a pipeline without an origin yet, an adopted
+// upsert that deletes on tombstones, a pipeline without an origin yet, an adopted
 // origin, a changed definition, and a second run while one holds the
 // lease.
 func TestBackfillRefusals(t *testing.T) {
@@ -416,21 +427,16 @@ func TestBackfillRefusals(t *testing.T) {
 		t.Fatalf("unknown pipeline: exit %d\n%s", code, errOut)
 	}
 
-	// An upsert without a version cannot be backfilled.
-	unversioned := strings.Replace(backfillYAML, "      version: int(value.v)\n      version_column: v\n", "", 1)
-	path := filepath.Join(t.TempDir(), "unversioned.yaml")
-	if err := os.WriteFile(path, []byte(unversioned), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(context.Background(), `ALTER TABLE latest DROP COLUMN v`); err != nil {
+	// An upsert that deletes on tombstones cannot be backfilled.
+	deletes := strings.Replace(strings.Replace(backfillYAML, "      version_column: v\n", "      version_column: v\n      on_tombstone: delete\n", 1),
+		"key: { id: value.id }", "key: { id: string(record.key) }", 1)
+	path := filepath.Join(t.TempDir(), "deletes.yaml")
+	if err := os.WriteFile(path, []byte(deletes), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	code, _, errOut = runCLI(t, e.environ(), "pipelines", "backfill", "latest", "--config", path)
-	if code != ExitConfig || !strings.Contains(errOut, "an upsert without upsert.version") {
-		t.Fatalf("unversioned upsert: exit %d\n%s", code, errOut)
-	}
-	if _, err := e.pool.Exec(context.Background(), `ALTER TABLE latest ADD COLUMN v bigint`); err != nil {
-		t.Fatal(err)
+	if code != ExitConfig || !strings.Contains(errOut, "an upsert with on_tombstone delete") {
+		t.Fatalf("upsert deleting on tombstones: exit %d\n%s", code, errOut)
 	}
 
 	e.begin(t, e.produce(t, 5, nil), true)
@@ -572,6 +578,14 @@ func TestBackfillAPipelineAddedToARunningEngine(t *testing.T) {
 	code, out, errOut := e.backfill(t, "per_minute", "--execute")
 	if code != ExitOK {
 		t.Fatalf("backfill: exit %d\n%s\n%s", code, out, errOut)
+	}
+	// The live engine's /metrics shows the backfill's committed progress.
+	body := scrape(t, second.Addr(t, 10*time.Second))
+	for _, want := range []string{`ratchet_pipeline_backfill_remaining_offsets{partition="0",pipeline="per_minute",topic="orders"} 0`,
+		`ratchet_pipeline_backfill_running{pipeline="per_minute"} 0`} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("the engine's /metrics lacks %s:\n%s", want, grepLines(body, "backfill"))
+		}
 	}
 	stopProducing()
 	testenv.Eventually(t, 60*time.Second, func() bool { return stored() == produced() }, "the engine did not catch up")
@@ -725,4 +739,186 @@ func every(d time.Duration, fn func()) (stop func()) {
 		once.Do(func() { close(quit) })
 		<-done
 	}
+}
+
+// backfillPlainYAML adds to backfillYAML an upsert without a version,
+// whose backfill is ordered by position: read from the newest record of
+// each partition down, a backfilled record writing a row only where the
+// table has none.
+const backfillPlainYAML = backfillYAML + `  - name: plain
+    topic: orders
+    format: json
+    upsert:
+      table: plain
+      key: { id: value.id }
+      columns: { amount: double(value.amount), v: int(value.v) }
+`
+
+// An upsert without upsert.version is backfilled by position, every record
+// of a key in one partition: while the live pipelines keep applying newer
+// records, the backfill is killed with kill -9 midway and rerun; every
+// row then holds the key's newest good record (the highest offset), as if
+// the pipeline had been there from the start, every record of the range
+// is applied once, and the bad records of the history are dead-lettered.
+// The status shows the range applied from its end down.
+func TestBackfillOrdersAnUnversionedUpsertByPosition(t *testing.T) {
+	e := newBackfillEnv(t, "")
+	e.keyed = true
+	if _, err := e.pool.Exec(context.Background(), `CREATE TABLE plain (id text PRIMARY KEY, amount double precision, v bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.path, []byte(backfillPlainYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if e.cfg, err = config.Load(e.path, e.environ()); err != nil {
+		t.Fatal(err)
+	}
+	const history = 600
+	e.produce(t, history/2, func(i int) bool { return i == 33 || i == 420 })
+	first := e.produce(t, 10, nil)
+	e.live(t, first)
+	e.begin(t, first, false)
+	stopProducing := every(100*time.Millisecond, func() { e.live(t, e.produce(t, 5, nil)) })
+	defer stopProducing()
+
+	code, out, errOut := e.backfill(t, "plain")
+	if code != ExitOK || !strings.Contains(out, "read from its newest record down") {
+		t.Fatalf("dry run: exit %d\n%s\n%s", code, out, errOut)
+	}
+	bin := testenv.BuildRatchet(t, "")
+	p := testenv.StartProcess(t, bin, testenv.ProcessOptions{Name: "backfill",
+		Args: []string{"pipelines", "backfill", "plain", "--execute", "--rate", "150", "--metrics-addr", "127.0.0.1:0", "--config", e.path}, Env: e.environ()})
+	testenv.Eventually(t, 60*time.Second, func() bool { return e.backfilled(t) >= 150 }, "the backfill applied nothing; log:\n%s", p.Log())
+	// While it runs, its own /metrics shows what it did and what remains.
+	addr := regexp.MustCompile(`metrics on http://([^/]+)/metrics`).FindStringSubmatch(p.Log())
+	if addr == nil {
+		t.Fatalf("the backfill did not say where its metrics are:\n%s", p.Log())
+	}
+	body := scrape(t, addr[1])
+	applied := regexp.MustCompile(`ratchet_backfill_records_total\{pipeline="plain",result="applied"\} (\d+)`).FindStringSubmatch(body)
+	remaining := regexp.MustCompile(`ratchet_backfill_remaining_offsets\{pipeline="plain"\} (\d+)`).FindStringSubmatch(body)
+	if applied == nil || applied[1] == "0" || remaining == nil || remaining[1] == "0" {
+		t.Fatalf("the running backfill's metrics: applied %v, remaining %v\n%s", applied, remaining, grepLines(body, "ratchet_backfill"))
+	}
+	p.Kill()
+	<-p.Exited()
+	killedAt := e.backfilled(t)
+	if killedAt >= history-2 {
+		t.Fatalf("the backfill was done (%d records) before it was killed: nothing tested", killedAt)
+	}
+	t.Logf("backfill killed after %d of %d records", killedAt, history-2)
+	testenv.Eventually(t, 2*store.BackfillLeaseTTL, func() bool {
+		var expired bool
+		err := e.pool.QueryRow(context.Background(), `SELECT coalesce(bool_and(expires_at < now()), true) FROM ratchet_pipeline_backfill_leases`).Scan(&expired)
+		return err == nil && expired
+	}, "the killed run's lease did not expire")
+	code, out, errOut = e.backfill(t, "plain", "--execute")
+	if code != ExitOK || !strings.Contains(out, "recorded, ") {
+		t.Fatalf("rerun: exit %d\n%s\n%s", code, out, errOut)
+	}
+	stopProducing()
+	if n := e.backfilled(t); n != history-2 {
+		t.Fatalf("the backfill counts %d records applied, want %d (the history less the 2 dead-lettered)", n, history-2)
+	}
+	var from, next, to int64
+	var descending bool
+	if err := e.pool.QueryRow(context.Background(), `SELECT min(from_offset), min(next_offset), min(to_offset), bool_and(descending)
+FROM ratchet_pipeline_backfills WHERE partition = 0`).Scan(&from, &next, &to, &descending); err != nil {
+		t.Fatal(err)
+	}
+	if !descending || next != from || to <= from {
+		t.Fatalf("partition 0's backfill: from %d to %d, position %d, descending %t; want descending, done down to its start", from, to, next, descending)
+	}
+
+	// The model: every key's newest good record, by offset (one key, one
+	// partition).
+	newest := map[string]bfOrder{}
+	e.mu.Lock()
+	for _, o := range e.orders {
+		if n, ok := newest[o.ID]; !o.bad && (!ok || o.off > n.off) {
+			newest[o.ID] = o
+		}
+	}
+	e.mu.Unlock()
+	var want []string
+	for id, o := range newest {
+		want = append(want, fmt.Sprintf("%s %v %d", id, o.Amount, o.V))
+	}
+	slices.Sort(want)
+	got := e.rows(t, `SELECT id||' '||amount||' '||v FROM plain`)
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("plain differs from the model:\ngot\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+	code, out, errOut = runCLI(t, e.environ(), "pipelines", "status", "--config", e.path)
+	if code != ExitOK || !strings.Contains(out, fmt.Sprintf("%d..%d down to %d", from, to, from)) {
+		t.Fatalf("status: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// scrape returns the text of http://addr/metrics.
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d, %v", resp.StatusCode, err)
+	}
+	return string(b)
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// A rollup added while nothing is produced: the engine with it applies no
+// batch, so no origin is written with one; the group is at rest (its
+// stored positions are the partitions' ends), so the backfill takes the
+// ends as where the pipeline began, records them with --execute, and
+// fills every bucket from the history. A record produced afterwards is
+// applied live, once.
+func TestBackfillAPipelineAddedToAQuietTopic(t *testing.T) {
+	e := newBackfillEnv(t, "")
+	e.produce(t, 100, func(i int) bool { return i == 7 })
+	first := e.run(t, e.load(t, backfillUpsertOnly()), "a")
+	testenv.Eventually(t, 60*time.Second, func() bool { return e.stored(t) == 200 }, "the first engine did not apply the history")
+	first.Stop(t)
+	second := e.run(t, e.load(t, backfillYAML), "b")
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		return len(e.rows(t, `SELECT pipeline FROM ratchet_pipeline_definitions WHERE pipeline = 'per_minute'`)) == 1
+	}, "the engine did not record per_minute's definition")
+
+	code, out, errOut := e.backfill(t, "per_minute")
+	if code != ExitOK || !strings.Contains(out, "orders[0]: from 0 to 100 (exclusive), next 0, 100 offsets to apply (new)") ||
+		!strings.Contains(out, "no record since pipeline per_minute was added") {
+		t.Fatalf("dry run: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if n := len(e.rows(t, `SELECT pipeline FROM ratchet_pipeline_origins WHERE pipeline = 'per_minute'`)); n != 0 {
+		t.Fatalf("a dry run recorded %d origins", n)
+	}
+	code, out, errOut = e.backfill(t, "per_minute", "--execute")
+	if code != ExitOK {
+		t.Fatalf("backfill: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if got := e.rows(t, `SELECT partition||' '||live_from FROM ratchet_pipeline_origins WHERE pipeline = 'per_minute'`); strings.Join(got, ",") != "0 100,1 100" {
+		t.Fatalf("origins %v, want each partition's end (100)", got)
+	}
+	e.produce(t, 5, nil)
+	testenv.Eventually(t, 60*time.Second, func() bool { return e.stored(t) == e.produced() }, "the engine did not apply the new records")
+	second.Stop(t)
+	if n := e.backfilled(t); n != 199 {
+		t.Fatalf("the backfill applied %d records, want 199 (the history less the bad one)", n)
+	}
+	e.assertModel(t, true)
 }

@@ -43,6 +43,10 @@ type partitionStatus struct {
 	BackfillTo   *int64 `json:"backfill_to,omitempty"`
 	BackfillNext *int64 `json:"backfill_next,omitempty"`
 	Records      *int64 `json:"backfill_records,omitempty"`
+	// BackfillDescending: the backfill applies its range from the end
+	// down (an upsert without a version); backfill_next is then the lowest
+	// offset applied.
+	BackfillDescending bool `json:"backfill_descending,omitempty"`
 	// Remains is what is left before live_from: "before N" when no
 	// backfill ran, "N..M" (M exclusive) when one did and has not
 	// finished, "none" when it has.
@@ -117,8 +121,12 @@ func pipelineStatuses(cfg config.Config, recs store.PipelineRecords) ([]pipeline
 				Remains: fmt.Sprintf("before %d", o.LiveFrom)}
 			if b, ok := backfills[tp{name, o.Topic, o.Partition}]; ok {
 				ps.BackfillFrom, ps.BackfillTo, ps.BackfillNext, ps.Records = &b.From, &b.To, &b.Next, &b.Records
+				ps.BackfillDescending = b.Descending
 				ps.Remains = "none"
-				if b.Next < b.To {
+				switch {
+				case b.Descending && b.Next > b.From:
+					ps.Remains = fmt.Sprintf("%d..%d", b.From, b.Next)
+				case !b.Descending && b.Next < b.To:
 					ps.Remains = fmt.Sprintf("%d..%d", b.Next, b.To)
 				}
 			}
@@ -191,6 +199,9 @@ func writePipelineStatus(w io.Writer, group string, st []pipelineStatus) {
 			back := "-"
 			if p.BackfillFrom != nil {
 				back = fmt.Sprintf("%d..%d next %d (%d records)", *p.BackfillFrom, *p.BackfillTo, *p.BackfillNext, *p.Records)
+				if p.BackfillDescending {
+					back = fmt.Sprintf("%d..%d down to %d (%d records)", *p.BackfillFrom, *p.BackfillTo, *p.BackfillNext, *p.Records)
+				}
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.Pipeline, s.State, p.Topic, p.Partition, p.LiveFrom,
 				p.LiveSince.UTC().Format(time.RFC3339), back, p.Remains)

@@ -246,7 +246,8 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, o Ap
 		dead = nil
 	}
 	if bf != nil {
-		finish.Queue(backfillAdvanceSQL, bf.Group, bf.Pipeline, b.Partition, bf.Owner, b.Start, b.Next, bf.Records)
+		from, to := bf.positions(b)
+		finish.Queue(backfillAdvanceSQL, bf.Group, bf.Pipeline, b.Partition, bf.Owner, from, to, bf.Records)
 	}
 	deferred := tx.deferred.Len()
 	finish.QueuedQueries = append(finish.QueuedQueries, tx.deferred.QueuedQueries...)
@@ -306,7 +307,8 @@ func (s *Store) apply(ctx context.Context, b processor.Batch, claim *Claim, o Ap
 		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
 			return fmt.Errorf("roll back a refused backfill step: %w", err)
 		}
-		return fmt.Errorf("backfill of pipeline %s from %d: %w", bf.Pipeline, b.Start, ErrBackfillMoved)
+		from, _ := bf.positions(b)
+		return fmt.Errorf("backfill of pipeline %s from %d: %w", bf.Pipeline, from, ErrBackfillMoved)
 	case errors.As(advErr, &pgErr) && pgErr.Code == refusedState:
 		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
 			return fmt.Errorf("roll back a refused advance: %w", err)

@@ -65,3 +65,57 @@ func TestBackfillStepGuardsRowsAndPosition(t *testing.T) {
 		t.Fatalf("recorded %+v", got)
 	}
 }
+
+// A descending backfill starts at the end of its range and moves down:
+// each step from the batch's Next to its Start, guarded as an ascending
+// one is; what remains is below the position.
+func TestDescendingBackfillStepMovesDown(t *testing.T) {
+	pool := migratedPool(t)
+	ctx := testCtx(t)
+	s := store.New(pool, dashboard.New())
+	pos := store.BackfillPosition{Topic: "events", Partition: 0, From: 2, To: 10, Descending: true}
+	if err := store.StartBackfill(ctx, pool, "g", "pl", []store.BackfillPosition{pos}); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := store.LockBackfill(ctx, pool, "g", "pl", "run-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(ctx) }()
+	recorded := func() store.BackfillPosition {
+		t.Helper()
+		got, err := store.Backfills(ctx, pool, "g", "pl")
+		if err != nil || len(got) != 1 {
+			t.Fatalf("recorded %+v, %v", got, err)
+		}
+		return got[0]
+	}
+	if r := recorded(); !r.Descending || r.Next != 10 || r.Remaining() != 8 {
+		t.Fatalf("a new descending range: %+v, want next 10, 8 remaining", r)
+	}
+	apply := func(start, next int64) error {
+		return s.ApplyWith(ctx, batch(start, next), nil, store.ApplyOptions{Backfill: &store.BackfillStep{
+			Group: "g", Pipeline: "pl", Owner: "run-a", Records: next - start, Descending: true}})
+	}
+	if err := apply(2, 6); !errors.Is(err, store.ErrBackfillMoved) {
+		t.Fatalf("a batch below the position's: %v, want ErrBackfillMoved", err)
+	}
+	if err := apply(6, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(6, 10); !errors.Is(err, store.ErrBackfillMoved) {
+		t.Fatalf("the same batch again: %v, want ErrBackfillMoved", err)
+	}
+	if r := recorded(); r.Next != 6 || r.Records != 4 || r.Remaining() != 4 {
+		t.Fatalf("after one step: %+v, want next 6, 4 records, 4 remaining", r)
+	}
+	if err := apply(2, 6); err != nil {
+		t.Fatal(err)
+	}
+	if r := recorded(); r.Next != 2 || r.Records != 8 || r.Remaining() != 0 {
+		t.Fatalf("done: %+v", r)
+	}
+	if rs := rollups(t, pool); len(rs) != 1 || rs[0].Count != 8 {
+		t.Fatalf("rollups %+v, want one of count 8", rs)
+	}
+}

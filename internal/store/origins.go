@@ -232,8 +232,11 @@ type Backfill struct {
 	From, To  int64
 	Next      int64
 	Records   int64
-	StartedAt time.Time
-	UpdatedAt time.Time
+	// Descending: the range is applied from its end down (Next..To-1
+	// done, From..Next-1 remain).
+	Descending bool
+	StartedAt  time.Time
+	UpdatedAt  time.Time
 }
 
 // RecordedDefinition is a definition as recorded, with when.
@@ -275,13 +278,13 @@ FROM ratchet_pipeline_origins WHERE consumer_group = $1 ORDER BY pipeline, topic
 		}); err != nil {
 			return fmt.Errorf("read pipeline origins: %w", err)
 		}
-		rows, err = tx.Query(ctx, `SELECT pipeline, topic, partition, from_offset, to_offset, next_offset, records, started_at, updated_at
+		rows, err = tx.Query(ctx, `SELECT pipeline, topic, partition, from_offset, to_offset, next_offset, records, descending, started_at, updated_at
 FROM ratchet_pipeline_backfills WHERE consumer_group = $1 ORDER BY pipeline, topic, partition`, group)
 		if err != nil {
 			return fmt.Errorf("read pipeline backfills: %w", err)
 		}
 		var b Backfill
-		if _, err := pgx.ForEachRow(rows, []any{&b.Pipeline, &b.Topic, &b.Partition, &b.From, &b.To, &b.Next, &b.Records, &b.StartedAt, &b.UpdatedAt}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&b.Pipeline, &b.Topic, &b.Partition, &b.From, &b.To, &b.Next, &b.Records, &b.Descending, &b.StartedAt, &b.UpdatedAt}, func() error {
 			out.Backfills = append(out.Backfills, b)
 			return nil
 		}); err != nil {

@@ -47,31 +47,43 @@ func (s *Set) Topic(name string) (string, bool) {
 // records older than those the live pipeline applied, after them, with
 // the table as if the pipeline had been there from the start. Rollups
 // and appends can (their writes commute: counts and sums add, min and max
-// combine, appended rows are a set). An upsert can when upsert.version is
-// set: the version, not the order of application, decides which record a
-// row holds, so an older record never replaces a newer row. Without a
-// version the last write wins, and a backfilled record is always written
-// after the live ones: it would replace newer rows with older values. A
-// tombstone deletes whatever version the row has: with on_tombstone
-// delete, an old backfilled delete would remove a row the live pipeline
-// wrote from a later record, so such an upsert is refused too.
+// combine, appended rows are a set). An upsert with upsert.version can:
+// the version, not the order of application, decides which record a row
+// holds, so an older record never replaces a newer row. An upsert without
+// a version can too, ordered by position (see BackfillDescending): every
+// record the live pipeline applied is newer than every backfilled record
+// of its partition, so a backfilled record writes a row only where the
+// table has none for its key, and the backfill reads from the newest
+// record down. That orders the records of a key only if they all are in
+// one partition. A tombstone deletes whatever the row holds: with
+// on_tombstone delete, an old backfilled delete would remove a row the
+// live pipeline wrote from a later record (and an old record would bring
+// back a row a later one deleted), so such an upsert is refused.
 func (s *Set) Backfillable(name string) error {
 	for _, p := range s.pipelines {
 		if p.name != name {
 			continue
 		}
-		u := p.upsert
-		switch {
-		case u == nil:
-			return nil
-		case u.version == nil:
-			return fmt.Errorf("pipeline %s %w: an upsert without upsert.version (a backfilled record is older than the rows the live pipeline wrote, and without a version it would replace them; set upsert.version to a value that grows with each key's changes)", name, ErrNotBackfillable)
-		case u.deleteOnNil:
-			return fmt.Errorf("pipeline %s %w: an upsert with on_tombstone delete (a backfilled tombstone would delete a row the live pipeline wrote from a later record, whatever its version)", name, ErrNotBackfillable)
+		if u := p.upsert; u != nil && u.deleteOnNil {
+			return fmt.Errorf("pipeline %s %w: an upsert with on_tombstone delete (a backfilled tombstone would delete a row the live pipeline wrote from a later record, and a backfilled record would bring back a row the live pipeline deleted)", name, ErrNotBackfillable)
 		}
 		return nil
 	}
 	return fmt.Errorf("no pipeline named %s", name)
+}
+
+// BackfillDescending says whether pipeline name's backfill reads its range
+// from the end down: an upsert without upsert.version, whose backfilled
+// records write a row only where the table has none (the records are
+// marked with HeaderBackfill), so the newest record of a key before the
+// origin must come first.
+func (s *Set) BackfillDescending(name string) bool {
+	for _, p := range s.pipelines {
+		if p.name == name {
+			return p.upsert != nil && p.upsert.version == nil
+		}
+	}
+	return false
 }
 
 // backfillOf returns the pipeline a record marked by HeaderBackfill is

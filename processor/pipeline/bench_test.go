@@ -86,7 +86,7 @@ func BenchmarkCollect(b *testing.B) {
 			b.Fatal(err)
 		}
 		for _, st := range states {
-			if err := p.collect(st, rec, act); err != nil {
+			if err := p.collect(st, rec, act, false); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -121,7 +121,7 @@ func BenchmarkCollectDashboard(b *testing.B) {
 	for b.Loop() {
 		rec := &recs[i%len(recs)]
 		act, _ := activation(context.Background(), rec, "event", set.adapter)
-		if err := p.collect(st, rec, act); err != nil {
+		if err := p.collect(st, rec, act, false); err != nil {
 			b.Fatal(err)
 		}
 		if i++; i%len(recs) == 0 {
@@ -196,7 +196,7 @@ func BenchmarkDecodeEvaluate(b *testing.B) {
 						b.Fatal(err)
 					}
 					for _, st := range states {
-						if err := p.collect(st, &rec, act); err != nil {
+						if err := p.collect(st, &rec, act, false); err != nil {
 							b.Fatal(err)
 						}
 					}

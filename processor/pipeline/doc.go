@@ -19,8 +19,11 @@
 //     float64 and bools; a ratchet.v1.Event (format event) stays the
 //     message the topic's decoder made. Compile learns which fields of
 //     value the expressions of each topic read (reads.go), and the
-//     topic's JSON decoder builds only those (partial.go), refusing
-//     exactly what the full decode refuses.
+//     topic's JSON decoder builds only those (partial.go: an object read
+//     at some keys is a slice of their values, not a map, made the map
+//     only for an expression the interpreter evaluates), refusing
+//     exactly what the full decode refuses; ReadPaths hands the same
+//     paths to the Avro and Protobuf decoders (internal/schemareg).
 //
 //   - Check (schema.go) compares every pipeline with the database: the
 //     table and its columns exist and a unique constraint or primary key
@@ -62,9 +65,12 @@
 //     `ratchet pipelines backfill NAME` applies to the history before the
 //     pipeline began live; Backfillable refuses the pipelines whose table
 //     it could not fill as if the pipeline had been there from the start
-//     (an upsert without upsert.version, or with on_tombstone delete). A
-//     record carrying the header ratchet.backfill (a replayed dead letter
-//     of a backfill) is applied by the pipeline it names only.
+//     (an upsert with on_tombstone delete). A record carrying the header
+//     ratchet.backfill (a backfill's, or a replayed dead letter of one) is
+//     applied by the pipeline it names only, and, for an upsert without
+//     upsert.version, as older than every row of the table: it writes a
+//     row only where the table has none for its key, the newest of a key
+//     first (BackfillDescending: such a backfill reads from the end down).
 //
 // The life of one record: the partition decodes it (Decoder); the batch
 // reaches Processor.Process; each pipeline of the topic evaluates it. A

@@ -81,9 +81,13 @@ type Processor struct {
 // columns travels (in the statement's column order).
 type statements struct {
 	upsert, delete string
-	copy           string // an append's COPY ... FROM STDIN
-	kinds          []wireKind
-	types          []string
+	// older is an upsert without a version's statement for records older
+	// than every row the table holds (a backfill's): it writes a row only
+	// where the table has none for the key (ON CONFLICT DO NOTHING).
+	older string
+	copy  string // an append's COPY ... FROM STDIN
+	kinds []wireKind
+	types []string
 }
 
 // New returns the processor of set writing to the tables schema describes
@@ -191,9 +195,15 @@ func buildStatements(pl *pipeline, t *table) *statements {
 			conflict += fmt.Sprintf(" WHERE r.%s IS NULL OR r.%s <= EXCLUDED.%s", v, v, v)
 			order += ", " + dist[len(dist)-1] + " DESC"
 		}
-		st.upsert = fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s FROM (SELECT DISTINCT ON (%s) * FROM unnest(%s) WITH ORDINALITY AS u(%s, o) ORDER BY %s, o DESC) AS u ON CONFLICT (%s) %s",
-			ident, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(dist[:nk], ", "),
-			strings.Join(params, ", "), strings.Join(alias, ", "), order, strings.Join(cols[:nk], ", "), conflict)
+		upsert := func(conflict string) string {
+			return fmt.Sprintf("INSERT INTO %s AS r (%s) SELECT %s FROM (SELECT DISTINCT ON (%s) * FROM unnest(%s) WITH ORDINALITY AS u(%s, o) ORDER BY %s, o DESC) AS u ON CONFLICT (%s) %s",
+				ident, strings.Join(cols, ", "), strings.Join(sel, ", "), strings.Join(dist[:nk], ", "),
+				strings.Join(params, ", "), strings.Join(alias, ", "), order, strings.Join(cols[:nk], ", "), conflict)
+		}
+		st.upsert = upsert(conflict)
+		if u.version == nil && !u.deleteOnNil {
+			st.older = upsert("DO NOTHING")
+		}
 		if u.deleteOnNil {
 			match := make([]string, nk)
 			for i := range nk {
@@ -291,9 +301,13 @@ type rollupRow struct {
 
 // batchState is what one pipeline collected from a batch.
 type batchState struct {
-	pl                         *pipeline
-	upserts                    map[string]int // operations so far per key
-	uRows                      []upsertRow    // in offset order
+	pl      *pipeline
+	upserts map[string]int // operations so far per key
+	uRows   []upsertRow    // in offset order
+	// oRows are the rows of records older than the table's (marked by
+	// HeaderBackfill) for an upsert without a version, in offset order:
+	// written where the table has no row for the key (statements.older).
+	oRows                      []upsertRow
 	rollups                    map[string]int
 	rRows                      []rollupRow
 	aRows                      copyRows // an append's rows, in offset order
@@ -310,14 +324,15 @@ type batchState struct {
 
 // stateMark is a batchState's extent before one record.
 type stateMark struct {
-	uRows, rRows, aBuf, aN     int
+	uRows, oRows, rRows, aBuf  int
+	aN                         int
 	written, filtered, ignored int
 	rIdx                       int // the existing rollup row the record merged into; -1: none
 }
 
 // mark notes where st stands before the next record.
 func (st *batchState) mark() {
-	st.m = stateMark{uRows: len(st.uRows), rRows: len(st.rRows), aBuf: len(st.aRows.buf), aN: st.aRows.n,
+	st.m = stateMark{uRows: len(st.uRows), oRows: len(st.oRows), rRows: len(st.rRows), aBuf: len(st.aRows.buf), aN: st.aRows.n,
 		written: st.written, filtered: st.filtered, ignored: st.ignored, rIdx: -1}
 }
 
@@ -342,6 +357,7 @@ func (st *batchState) undo() {
 		}
 	}
 	st.uRows = st.uRows[:m.uRows]
+	st.oRows = st.oRows[:m.oRows]
 	for k := len(st.rRows) - 1; k >= m.rRows; k-- {
 		delete(st.rollups, st.rRows[k].key)
 	}
@@ -378,12 +394,10 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 		states[i] = &batchState{pl: pl, upserts: map[string]int{}, rollups: map[string]int{}}
 	}
 	format := p.set.formats[b.Topic]
+	act := &recordActivation{} // each record's in turn
 	for i := range b.Records {
 		rec := &b.Records[i]
-		act, err := activation(ctx, rec, format, p.set.adapter)
-		if err != nil {
-			return fmt.Errorf("pipelines: CEL activation: %w", err)
-		}
+		act.reset(ctx, rec, format, p.set.adapter)
 		// A replayed dead letter of a backfill is for its pipeline only:
 		// the others are marked (undo of theirs is then a no-op) and skip it.
 		only, marked := backfillOf(rec.Headers)
@@ -392,7 +406,7 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 			if marked && st.pl.name != only {
 				continue
 			}
-			if err := p.collect(st, rec, act); err != nil {
+			if err := p.collect(st, rec, act, marked); err != nil {
 				if errors.Is(err, ErrInterrupted) {
 					return fmt.Errorf("pipeline %s: %w", st.pl.name, err) // a stop, not the record's fault: the batch is retried
 				}
@@ -436,8 +450,9 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 	return nil
 }
 
-// collect evaluates one pipeline on one record.
-func (p *Processor) collect(st *batchState, rec *processor.Record, act interpreter.Activation) error {
+// collect evaluates one pipeline on one record. older marks a record
+// older than every row its pipeline's table holds (a backfill's).
+func (p *Processor) collect(st *batchState, rec *processor.Record, act interpreter.Activation, older bool) error {
 	pl := st.pl
 	sql := p.stmts[pl.index]
 	if rec.Value == nil { // a tombstone skips where
@@ -488,7 +503,11 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 			}
 			vals = append(vals, v)
 		}
-		st.putUpsert(upsertRow{key: key, vals: vals})
+		if older && sql.older != "" {
+			st.oRows = append(st.oRows, upsertRow{key: key, vals: vals})
+		} else {
+			st.putUpsert(upsertRow{key: key, vals: vals})
+		}
 		st.written++
 		return nil
 	}
@@ -609,20 +628,58 @@ func versionValue(e *expr, sql *statements, i int, act interpreter.Activation) (
 // evalColumns evaluates cols, the statement's columns from first on, into
 // values of their columns' kinds appended to out, and a key joining them.
 func evalColumns(cols []*expr, sql *statements, first int, act interpreter.Activation, out []any) ([]any, string, error) {
-	var key []byte
+	var buf [128]byte
+	key := buf[:0]
 	for i, c := range cols {
-		v, err := c.eval(act)
-		if err != nil {
-			return nil, "", err
-		}
-		x, err := sql.kinds[first+i].value(v, sql.types[first+i], c.bounds(act))
-		if err != nil {
-			return nil, "", fmt.Errorf("%s: %w", c.shortKey(), err)
+		k, typ := sql.kinds[first+i], sql.types[first+i]
+		x, ok := c.native(act, k)
+		if !ok {
+			v, err := c.eval(act)
+			if err != nil {
+				return nil, "", err
+			}
+			if x, err = k.value(v, typ, c.bounds(act)); err != nil {
+				return nil, "", fmt.Errorf("%s: %w", c.shortKey(), err)
+			}
 		}
 		out = append(out, x)
-		key = keyOf(key, x, sql.kinds[first+i], sql.types[first+i])
+		key = keyOf(key, x, k, typ)
 	}
 	return out, string(key), nil
+}
+
+// writeOlder sends the rows of records older than the table's (st.oRows)
+// before the batch's other rows, each only where the table has no row for
+// its key: the newest of a key first, rank by rank (rank 1 is each key's
+// newest record in the batch), so that an older record of a key never
+// replaces a newer one, and every record still reaches PostgreSQL, judged
+// whatever the batch's boundaries. Within a rank the rows stay in offset
+// order (the statement's ordinal picks the newest of keys equal for
+// PostgreSQL).
+func (p *Processor) writeOlder(st *batchState, exec func(what, stmt string, n int, args []any) error) error {
+	if len(st.oRows) == 0 {
+		return nil
+	}
+	sql := p.stmts[st.pl.index]
+	seen := make(map[string]int, len(st.oRows))
+	for i := len(st.oRows) - 1; i >= 0; i-- {
+		r := &st.oRows[i]
+		seen[r.key]++
+		r.rank = seen[r.key]
+	}
+	slices.SortStableFunc(st.oRows, func(a, b upsertRow) int { return cmp.Compare(a.rank, b.rank) })
+	for rows := st.oRows; len(rows) > 0; {
+		n := 1
+		for n < len(rows) && rows[n].rank == rows[0].rank {
+			n++
+		}
+		if err := exec("upsert", sql.older, n, columnsOf(rows[:n], sql.kinds)); err != nil {
+			return err
+		}
+		p.counters.Rows(st.pl.name, "upserted", n)
+		rows = rows[n:]
+	}
+	return nil
 }
 
 // write sends one pipeline's rows. Each statement's rows are in key order
@@ -649,6 +706,9 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 		return p.copyRows(ctx, tx, st)
 	}
 	if pl.upsert != nil {
+		if err := p.writeOlder(st, exec); err != nil {
+			return err
+		}
 		// Rank by rank: rank 1 is each key's first operation in the batch,
 		// rank 2 each key's second, and so on; each rank is one delete and
 		// one upsert statement over distinct keys, in rank order. Every
