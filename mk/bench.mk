@@ -9,7 +9,8 @@
 # -only-append -pipeline-orders 200000: the append section (j2) alone;
 # -only-pg-rate -pg-rate-records 200000: the section against PostgreSQL's own
 #   rate (l) alone (upserts against a direct pgx loop, rollups against a Poll
-#   loop); -pg-rate-tx 500,2000,5000 adds one direct upsert run at each of
+#   loop), then again with PostgreSQL pinned to CPU 0 (-pg-rate-pin=false:
+#   not); -pg-rate-tx 500,2000,5000 adds one direct upsert run at each of
 #   those rows per transaction;
 # -only-poison -pipeline-orders 100000: the poison section (j3) alone;
 # -only-tracing with BENCH_EVENTS=200000: the tracing section alone;

@@ -24,7 +24,7 @@ type appendReport struct {
 }
 
 type appendRound struct {
-	ratchet, direct drainResult
+	ratchet, direct pgRun
 }
 
 const appendTable = "bench_append"
@@ -69,27 +69,34 @@ func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloade
 		return n, err
 	}
 	var parts map[int32][][]any // the rows by partition, in offset order
-	drain := func(r int) (drainResult, error) {
+	drain := func(r int) (pgRun, error) {
 		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+appendTable); err != nil {
-			return drainResult{}, err
+			return pgRun{}, err
 		}
+		if err := env.checkpoint(ctx); err != nil {
+			return pgRun{}, err
+		}
+		pg := measurePG(env)
 		d, err := drainRatchet(ctx, env, topic, fmt.Sprintf("bench-j2-append-%d", r), config.ModeExactlyOnce, nil, m, "",
 			func(c *config.Config) { c.Pipelines = appendPipeline(topic) })
+		run := pgRun{drainResult: d}
+		run.pgCPU, run.pgServer = pg()
 		if err != nil {
-			return drainResult{}, fmt.Errorf("round %d (j2) append pipeline: %w", r, err)
+			return pgRun{}, fmt.Errorf("round %d (j2) append pipeline: %w", r, err)
 		}
 		if n, err := count(); err != nil || n != m {
-			return drainResult{}, fmt.Errorf("round %d (j2) append pipeline: %d rows in %s, want %d (%v)", r, n, appendTable, m, err)
+			return pgRun{}, fmt.Errorf("round %d (j2) append pipeline: %d rows in %s, want %d (%v)", r, n, appendTable, m, err)
 		}
-		say("round %d (j2) exactly-once append pipeline: %9.0f records/s (wall %s), %s", r, d.Rate(), d.Wall.Round(time.Millisecond), d.cpuLine())
+		say("round %d (j2) exactly-once append pipeline: %9.0f records/s (wall %s), %s; CPU-s per 100k: ratchet %.2f, PostgreSQL %.2f (server-wide %.2f)",
+			r, run.Rate(), run.Wall.Round(time.Millisecond), run.cpuLine(), run.ratchetPer100k(), run.pgPer100k(), run.pgServerPer100k())
 		if parts == nil {
 			rows, err := env.db.pool.Query(ctx, "SELECT "+strings.Join(appendColumns, ", ")+" FROM "+appendTable+" ORDER BY part, off")
 			if err != nil {
-				return drainResult{}, err
+				return pgRun{}, err
 			}
 			all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([]any, error) { return row.Values() })
 			if err != nil {
-				return drainResult{}, err
+				return pgRun{}, err
 			}
 			parts = map[int32][][]any{}
 			for _, v := range all {
@@ -97,17 +104,21 @@ func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloade
 				parts[p] = append(parts[p], v)
 			}
 		}
-		return d, nil
+		return run, nil
 	}
-	direct := func(r int) (drainResult, error) {
+	direct := func(r int) (pgRun, error) {
 		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+appendTable); err != nil {
-			return drainResult{}, err
+			return pgRun{}, err
+		}
+		if err := env.checkpoint(ctx); err != nil {
+			return pgRun{}, err
 		}
 		pool, err := store.Open(ctx, cfg.Postgres.URL.Reveal(), int32(conns))
 		if err != nil {
-			return drainResult{}, err
+			return pgRun{}, err
 		}
 		defer pool.Close()
+		pg, cpu0 := measurePG(env), sampleCPU(env.brokerPID)
 		start := time.Now()
 		var wg sync.WaitGroup
 		errs := make(chan error, len(parts))
@@ -129,16 +140,19 @@ func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloade
 			}()
 		}
 		wg.Wait()
+		end, cpu := time.Now(), sampleCPU(env.brokerPID).since(cpu0)
+		run := pgRun{drainResult: drainResult{Events: m, Wall: end.Sub(start), Steady: end.Sub(start), CPU: cpu}}
+		run.pgCPU, run.pgServer = pg()
 		close(errs)
 		if err := <-errs; err != nil {
-			return drainResult{}, fmt.Errorf("round %d (j2) direct CopyFrom: %w", r, err)
+			return pgRun{}, fmt.Errorf("round %d (j2) direct CopyFrom: %w", r, err)
 		}
-		d := drainResult{Events: m, Wall: time.Since(start), Steady: time.Since(start)}
 		if n, err := count(); err != nil || n != m {
-			return drainResult{}, fmt.Errorf("round %d (j2) direct CopyFrom: %d rows in %s, want %d (%v)", r, n, appendTable, m, err)
+			return pgRun{}, fmt.Errorf("round %d (j2) direct CopyFrom: %d rows in %s, want %d (%v)", r, n, appendTable, m, err)
 		}
-		say("round %d (j2) direct pgx CopyFrom loop:   %9.0f records/s (wall %s)", r, d.Rate(), d.Wall.Round(time.Millisecond))
-		return d, nil
+		say("round %d (j2) direct pgx CopyFrom loop:   %9.0f records/s (wall %s), %s; CPU-s per 100k: loop %.2f, PostgreSQL %.2f (server-wide %.2f)",
+			r, run.Rate(), run.Wall.Round(time.Millisecond), run.cpuLine(), run.ratchetPer100k(), run.pgPer100k(), run.pgServerPer100k())
+		return run, nil
 	}
 	rep := &appendReport{orders: m}
 	for r := 1; r <= rounds; r++ {
@@ -175,10 +189,17 @@ func (s *appendReport) rows(row func(cells ...string)) {
 		}
 		return strings.Join(parts, ", "), median(xs)
 	}
+	cpu := func(get func(appendRound) pgRun) string {
+		rs, v := series(func(r appendRound) float64 { return get(r).ratchetPer100k() }, "%.2f")
+		prs, pv := series(func(r appendRound) float64 { return get(r).pgPer100k() }, "%.2f")
+		return fmt.Sprintf("CPU-s per 100k: %.2f (rounds: %s); PostgreSQL %.2f (rounds: %s)", v, rs, pv, prs)
+	}
+	rat := func(r appendRound) pgRun { return r.ratchet }
+	dir := func(r appendRound) pgRun { return r.direct }
 	rs, v := series(func(r appendRound) float64 { return r.ratchet.Rate() }, "%.0f")
-	row(fmt.Sprintf("(j2) exactly-once append pipeline (COPY), %d JSON orders", s.orders), fmt.Sprintf("%.0f records/s (rounds: %s)", v, rs), "", "")
+	row(fmt.Sprintf("(j2) exactly-once append pipeline (COPY), %d JSON orders", s.orders), fmt.Sprintf("%.0f records/s (rounds: %s); ratchet %s", v, rs, cpu(rat)), "", "")
 	rs, v = series(func(r appendRound) float64 { return r.direct.Rate() }, "%.0f")
-	row("(j2) direct pgx CopyFrom loop, the same rows, connections and rows per transaction", fmt.Sprintf("%.0f records/s (rounds: %s)", v, rs), "", "")
+	row("(j2) direct pgx CopyFrom loop, the same rows, connections and rows per transaction", fmt.Sprintf("%.0f records/s (rounds: %s); loop %s", v, rs, cpu(dir)), "", "")
 	rs, v = series(func(r appendRound) float64 { return r.ratchet.Rate() / r.direct.Rate() }, "%.2f")
 	row("(j2) append pipeline / direct CopyFrom", fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.8", passMiss(v >= 0.8))
 }
@@ -188,6 +209,6 @@ func (s *appendReport) method() string {
 	if s == nil || len(s.rounds) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("- Append (j2): %d rounds, each an exactly-once drain (fresh group, records/s from the engine's start to the last record applied) of the %d JSON orders of `orders-json` by an append pipeline of seven columns (partition, offset, key, status, customer, amount, timestamp) into `%s`, and a direct loop writing the same rows (read back from the first drain) with pgx `CopyFrom`: one writer per partition (12), a pool of the engine's default size, the engine's rows per transaction (`processing.batch_size`), each batch in its own transaction; the order alternates between rounds, the row count is checked after each, and the median is reported. The direct loop reads no Kafka and evaluates no CEL: the ratio is what the pipeline costs over the COPY alone.\n",
+	return fmt.Sprintf("- Append (j2): %d rounds, each an exactly-once drain (fresh group, records/s from the first record applied to the last; CPU-seconds per 100,000 records of this process, the engine's or the loop's, and of the bench database's PostgreSQL backends, measured as in (l)) of the %d JSON orders of `orders-json` by an append pipeline of seven columns (partition, offset, key, status, customer, amount, timestamp) into `%s`, and a direct loop writing the same rows (read back from the first drain) with pgx `CopyFrom`: one writer per partition (12), a pool of the engine's default size, the engine's rows per transaction (`processing.batch_size`), each batch in its own transaction; the order alternates between rounds, the row count is checked after each, and the median is reported. The direct loop reads no Kafka and evaluates no CEL: the ratio is what the pipeline costs over the COPY alone. Before each timed run that writes, a `CHECKPOINT` writes out what earlier runs left dirty, so no run pays for another's pages or meets a checkpoint that max_wal_size sets off.\n",
 		len(s.rounds), s.orders, appendTable)
 }

@@ -248,20 +248,47 @@ func (e *runningEngine) stop() error {
 	}
 }
 
+// writeAllocs writes the allocs profile to path; a failure only loses the
+// profile.
+func writeAllocs(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_ = pprof.Lookup("allocs").WriteTo(f, 0)
+}
+
+// profiled runs f under a CPU profile written to path, with the allocs
+// profile written before and after it (go tool pprof -base
+// path.allocs.base path.allocs).
+func profiled(path string, f func() error) error {
+	out, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	defer out.Close()
+	if err := pprof.StartCPUProfile(out); err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	writeAllocs(path + ".allocs.base")
+	err = f()
+	pprof.StopCPUProfile()
+	writeAllocs(path + ".allocs")
+	return err
+}
+
 // drainRatchet drains topic with the in-process engine in mode with proc
 // until every record was applied. With profile set it writes a CPU profile
-// of the drain there.
+// of the drain there (and allocs profiles, see profiled).
 func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string, proc processor.Processor, n int64, profile string, tweaks ...func(*config.Config)) (drainResult, error) {
 	if profile != "" {
-		f, err := os.Create(profile)
-		if err != nil {
-			return drainResult{}, fmt.Errorf("profile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return drainResult{}, fmt.Errorf("profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+		var d drainResult
+		err := profiled(profile, func() (err error) {
+			d, err = drainRatchet(ctx, env, topic, group, mode, proc, n, "", tweaks...)
+			return err
+		})
+		return d, err
 	}
 	cfg := env.config(env.brokers, topic, group, mode)
 	for _, t := range tweaks {

@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -43,6 +44,19 @@ type benchEnv struct {
 }
 
 func (e *benchEnv) outPath(name string) string { return filepath.Join(e.outDir, name) }
+
+// checkpoint makes PostgreSQL write out what earlier runs left dirty
+// (CHECKPOINT) before a timed run writes, so that no run pays for another's
+// pages, nor for a checkpoint that max_wal_size sets off in its middle,
+// and every run starts with the same full-page writes after a checkpoint.
+// The sections that set a pipeline against a direct loop (j2, j3, l) call
+// it before each side's run.
+func (e *benchEnv) checkpoint(ctx context.Context) error {
+	if _, err := e.db.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return fmt.Errorf("checkpoint before a timed run: %w", err)
+	}
+	return nil
+}
 
 func main() {
 	if len(os.Args) > 1 {
@@ -108,6 +122,7 @@ type options struct {
 	onlyPGRate    bool
 	pgRateRecords int64
 	pgRateTx      string
+	pgRatePin     bool
 }
 
 func run(ctx context.Context) error {
@@ -143,6 +158,7 @@ func run(ctx context.Context) error {
 	flag.Float64Var(&o.killRate, "kill-rate", 1000, "events/s produced while the (k) workers are killed and restarted")
 	flag.BoolVar(&o.onlyPGRate, "only-pg-rate", false, "run the PostgreSQL-rate section (l) alone on -pg-rate-records orders per format (the table then has its rows only)")
 	flag.Int64Var(&o.pgRateRecords, "pg-rate-records", 200_000, "orders per format of the PostgreSQL-rate section (l)")
+	flag.BoolVar(&o.pgRatePin, "pg-rate-pin", true, "run section (l) a second time with PostgreSQL pinned to CPU 0 and the client and broker to the other CPUs (needs root and 2+ CPUs; skipped with a note otherwise)")
 	flag.StringVar(&o.pgRateTx, "pg-rate-tx", "", "rows per transaction at which (l) runs its direct JSON upsert loop once more, e.g. 500,2000,5000 (empty: none)")
 	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (j)")
 	flag.Parse()
@@ -239,10 +255,13 @@ func run(ctx context.Context) error {
 	}
 	if o.onlyPGRate {
 		var profiles []string
-		if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, pgRateTx, o.forceProfile, say); err != nil {
+		if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, pgRateTx, o.forceProfile, false, say); err != nil {
 			return err
 		}
 		rep.profiles = append(rep.profiles, profiles...)
+		if err := runPGRatePinned(ctx, env, o, rep, say); err != nil {
+			return err
+		}
 		return rep.write(began, say)
 	}
 	if o.onlyAppend {
@@ -252,7 +271,7 @@ func run(ctx context.Context) error {
 		return rep.write(began, say)
 	}
 	if o.onlyPoison {
-		if rep.poisoned, err = runPoison(ctx, env, o.pipelineOrders, o.rounds, say); err != nil {
+		if rep.poisoned, err = runPoison(ctx, env, o.pipelineOrders, o.rounds, o.forceProfile, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -452,7 +471,7 @@ func run(ctx context.Context) error {
 	}
 	// 5d3. 1 % of the JSON orders refused by the pipeline, taken out of
 	// their batches (and split, for reference) against the clean drain.
-	if rep.poisoned, err = runPoison(ctx, env, o.pipelineOrders, o.rounds, say); err != nil {
+	if rep.poisoned, err = runPoison(ctx, env, o.pipelineOrders, o.rounds, o.forceProfile, say); err != nil {
 		return err
 	}
 
@@ -460,10 +479,13 @@ func run(ctx context.Context) error {
 	// against a direct pgx loop, rollups against a bare Poll loop.
 	{
 		var profiles []string
-		if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, pgRateTx, o.forceProfile, say); err != nil {
+		if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, pgRateTx, o.forceProfile, false, say); err != nil {
 			return err
 		}
 		rep.profiles = append(rep.profiles, profiles...)
+		if err := runPGRatePinned(ctx, env, o, rep, say); err != nil {
+			return err
+		}
 	}
 
 	// 5e. Restart after kill -9 (issue 32), with and without
@@ -601,4 +623,25 @@ func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// runPGRatePinned runs section (l) again with PostgreSQL pinned (pin.go)
+// when -pg-rate-pin; a machine where pinning cannot be done (one CPU, no
+// permission) gets a note instead of the rows.
+func runPGRatePinned(ctx context.Context, env *benchEnv, o options, rep *report, say func(string, ...any)) error {
+	if !o.pgRatePin {
+		return nil
+	}
+	r, _, err := runPGRate(ctx, env, o.pgRateRecords, o.rounds, nil, false, true, say)
+	var pinErr *pinError
+	switch {
+	case errors.As(err, &pinErr):
+		say("(l) pinned: skipped: %v", err)
+		rep.pgRatePinned = &pgRateReport{pinned: true, skipped: err.Error()}
+		return nil
+	case err != nil:
+		return err
+	}
+	rep.pgRatePinned = r
+	return nil
 }

@@ -44,6 +44,10 @@ type pgRateReport struct {
 	// transaction (-pg-rate-tx), in the order given.
 	txSizes []int
 	txRates []float64
+	// pinned: PostgreSQL ran on CPU 0 only, the bench process and the
+	// broker on the others (pin.go); skipped says why it could not be.
+	pinned  bool
+	skipped string
 }
 
 // pgRateRound is one round: per format, the pipeline's drain and its
@@ -291,7 +295,15 @@ type pgRateRows struct {
 }
 
 // runPGRate measures the section on n records of each format.
-func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes []int, profile bool, say func(string, ...any)) (*pgRateReport, []string, error) {
+func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes []int, profile, pinned bool, say func(string, ...any)) (*pgRateReport, []string, error) {
+	if pinned {
+		p, err := pinCPUs(env.brokerPID, 0)
+		if err != nil {
+			return nil, nil, &pinError{err}
+		}
+		defer p.undo()
+		say("(l) pinned: PostgreSQL on CPU 0, this process and the broker on the others")
+	}
 	avroSchema, err := avro.Parse(pgOrderAvroSchema)
 	if err != nil {
 		return nil, nil, err
@@ -317,6 +329,9 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 		},
 	}
 	for _, f := range pgRateUpsertFormats {
+		if pinned {
+			break // the unpinned run, always first, loaded the topics and made the tables
+		}
 		start := time.Now()
 		if err := preloadPGOrders(ctx, env.brokers, "pg-orders-"+f, n, encode[f]); err != nil {
 			return nil, nil, fmt.Errorf("preload pg-orders-%s: %w", f, err)
@@ -332,7 +347,7 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 		}
 	}
 	cfg := env.config(env.brokers, "pg-orders-json", "bench-l", config.ModeExactlyOnce)
-	rep := &pgRateReport{records: n, perTx: cfg.Processing.BatchSize, conns: engine.DefaultPoolSize(pgRatePartitions)}
+	rep := &pgRateReport{records: n, perTx: cfg.Processing.BatchSize, conns: engine.DefaultPoolSize(pgRatePartitions), pinned: pinned}
 	withRegistry := func(c *config.Config) { c.SchemaRegistry.URL = config.SecretURL(regURL) }
 
 	var rows map[int32]*pgRateRows // read back after the first JSON upsert drain
@@ -340,6 +355,9 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 	upsertDrain := func(r int, f string, prof string) (pgRun, error) {
 		table := "bench_pg_upsert_" + f
 		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+table); err != nil {
+			return pgRun{}, err
+		}
+		if err := env.checkpoint(ctx); err != nil {
 			return pgRun{}, err
 		}
 		pg := measurePG(env)
@@ -367,6 +385,9 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+table); err != nil {
 			return pgRun{}, err
 		}
+		if err := env.checkpoint(ctx); err != nil {
+			return pgRun{}, err
+		}
 		run, err := directUpsert(ctx, env, cfg.Postgres.URL.Reveal(), rep.conns, perTx, table, rows, n)
 		if err != nil {
 			return pgRun{}, fmt.Errorf("round %d (l) %s direct upsert: %w", r, f, err)
@@ -378,13 +399,16 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 			r, f, perTx, run.Rate(), run.ratchetPer100k(), run.pgPer100k(), run.pgServerPer100k())
 		return run, nil
 	}
-	rollupDrain := func(r int, f string) (pgRun, error) {
+	rollupDrain := func(r int, f string, prof string) (pgRun, error) {
 		table := "bench_pg_rollup_" + f
 		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+table); err != nil {
 			return pgRun{}, err
 		}
+		if err := env.checkpoint(ctx); err != nil {
+			return pgRun{}, err
+		}
 		pg := measurePG(env)
-		d, err := drainRatchet(ctx, env, "pg-orders-"+f, fmt.Sprintf("bench-l-rollup-%s-%d-%d", f, r, time.Now().UnixNano()), config.ModeExactlyOnce, nil, n, "",
+		d, err := drainRatchet(ctx, env, "pg-orders-"+f, fmt.Sprintf("bench-l-rollup-%s-%d-%d", f, r, time.Now().UnixNano()), config.ModeExactlyOnce, nil, n, prof,
 			withRegistry, func(c *config.Config) { c.Pipelines = pgRateRollup("pg-orders-"+f, f, table) })
 		run := pgRun{drainResult: d}
 		run.pgCPU, run.pgServer = pg()
@@ -435,12 +459,12 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 			var p pgRatePair
 			var err error
 			if r%2 == 1 {
-				if p.ratchet, err = rollupDrain(r, f); err == nil {
+				if p.ratchet, err = rollupDrain(r, f, ""); err == nil {
 					p.base, err = poll(r, f)
 				}
 			} else {
 				if p.base, err = poll(r, f); err == nil {
-					p.ratchet, err = rollupDrain(r, f)
+					p.ratchet, err = rollupDrain(r, f, "")
 				}
 			}
 			if err != nil {
@@ -472,6 +496,18 @@ func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes 
 		}
 		profiles = append(profiles, profileTop("(l) exactly-once "+f+" upsert pipeline", p))
 		say("profiled (l) %s upsert: %s", f, p)
+	}
+	for _, f := range pgRateRollupFormats {
+		ratio := rep.median(func(x pgRateRound) float64 { return x.rollup[f].ratchet.Rate() / x.rollup[f].base.Rate() })
+		if !profile && ratio >= 0.8 {
+			continue
+		}
+		p := env.outPath("cpu-pg-rate-" + f + "-rollup.pprof")
+		if _, err := rollupDrain(0, f, p); err != nil {
+			return nil, nil, err
+		}
+		profiles = append(profiles, profileTop("(l) exactly-once "+f+" rollup pipeline", p))
+		say("profiled (l) %s rollup: %s", f, p)
 	}
 	return rep, profiles, nil
 }
@@ -662,10 +698,18 @@ func (s *pgRateReport) series(f func(pgRateRound) float64, format string) (strin
 
 // rows adds the section's rows to the results table.
 func (s *pgRateReport) rows(row func(cells ...string)) {
+	if s != nil && s.skipped != "" {
+		row("(l) pinned", "skipped: "+s.skipped, "", "")
+		return
+	}
 	if s == nil || len(s.rounds) == 0 {
 		return
 	}
 	names := map[string]string{"json": "JSON", "avro": "Avro", "protobuf": "Protobuf"}
+	l := "(l)"
+	if s.pinned {
+		l = "(l, PostgreSQL pinned to CPU 0, the rest to the others)"
+	}
 	cpuCell := func(get func(pgRateRound) pgRun, pg bool) string {
 		rs, v := s.series(func(x pgRateRound) float64 { return get(x).ratchetPer100k() }, "%.2f")
 		cell := fmt.Sprintf("CPU-s per 100k: %.2f (rounds: %s)", v, rs)
@@ -679,29 +723,29 @@ func (s *pgRateReport) rows(row func(cells ...string)) {
 		rat := func(x pgRateRound) pgRun { return x.upsert[f].ratchet }
 		base := func(x pgRateRound) pgRun { return x.upsert[f].base }
 		rs, v := s.series(func(x pgRateRound) float64 { return rat(x).Rate() }, "%.0f")
-		row(fmt.Sprintf("(l) exactly-once upsert pipeline, %d %s orders (10 fields, key + 4 read), distinct keys", s.records, names[f]),
+		row(fmt.Sprintf(l+" exactly-once upsert pipeline, %d %s orders (10 fields, key + 4 read), distinct keys", s.records, names[f]),
 			fmt.Sprintf("%.0f records/s (rounds: %s); ratchet %s", v, rs, cpuCell(rat, true)), "", "")
 		rs, v = s.series(func(x pgRateRound) float64 { return base(x).Rate() }, "%.0f")
-		row(fmt.Sprintf("(l) direct pgx upsert loop (unnest … ON CONFLICT), the same rows, %d writers, pool %d, %d rows/tx", pgRatePartitions, s.conns, s.perTx),
+		row(fmt.Sprintf(l+" direct pgx upsert loop (unnest … ON CONFLICT), the same rows, %d writers, pool %d, %d rows/tx", pgRatePartitions, s.conns, s.perTx),
 			fmt.Sprintf("%.0f records/s (rounds: %s); loop %s", v, rs, cpuCell(base, true)), "", "")
 		rs, v = s.series(func(x pgRateRound) float64 { return rat(x).Rate() / base(x).Rate() }, "%.2f")
-		row(fmt.Sprintf("(l) %s upsert pipeline / direct pgx loop", names[f]), fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.8", passMiss(v >= 0.8))
+		row(fmt.Sprintf(l+" %s upsert pipeline / direct pgx loop", names[f]), fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.8", passMiss(v >= 0.8))
 	}
 	for _, f := range pgRateRollupFormats {
 		rat := func(x pgRateRound) pgRun { return x.rollup[f].ratchet }
 		base := func(x pgRateRound) pgRun { return x.rollup[f].base }
 		rs, v := s.series(func(x pgRateRound) float64 { return rat(x).Rate() }, "%.0f")
-		row(fmt.Sprintf("(l) exactly-once rollup pipeline (count, sum by status and minute), %d %s orders", s.records, names[f]),
+		row(fmt.Sprintf(l+" exactly-once rollup pipeline (count, sum by status and minute), %d %s orders", s.records, names[f]),
 			fmt.Sprintf("%.0f records/s (rounds: %s); ratchet %s", v, rs, cpuCell(rat, true)), "", "")
 		dec := map[string]string{"json": "valyala/fastjson", "avro": "hamba/avro into a struct"}[f]
 		rs, v = s.series(func(x pgRateRound) float64 { return base(x).Rate() }, "%.0f")
-		row(fmt.Sprintf("(l) bare Poll loop decoding status and amount (%s)", dec),
+		row(fmt.Sprintf(l+" bare Poll loop decoding status and amount (%s)", dec),
 			fmt.Sprintf("%.0f records/s (rounds: %s); loop %s", v, rs, cpuCell(base, false)), "", "")
 		rs, v = s.series(func(x pgRateRound) float64 { return rat(x).Rate() / base(x).Rate() }, "%.2f")
-		row(fmt.Sprintf("(l) %s rollup pipeline / Poll loop", names[f]), fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.8", passMiss(v >= 0.8))
+		row(fmt.Sprintf(l+" %s rollup pipeline / Poll loop", names[f]), fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.8", passMiss(v >= 0.8))
 	}
 	for i, size := range s.txSizes {
-		row(fmt.Sprintf("(l) direct pgx JSON-order upsert loop at %d rows/tx (one run)", size), fmt.Sprintf("%.0f records/s", s.txRates[i]), "", "")
+		row(fmt.Sprintf(l+" direct pgx JSON-order upsert loop at %d rows/tx (one run)", size), fmt.Sprintf("%.0f records/s", s.txRates[i]), "", "")
 	}
 }
 
@@ -709,6 +753,9 @@ func (s *pgRateReport) rows(row func(cells ...string)) {
 func (s *pgRateReport) method() string {
 	if s == nil || len(s.rounds) == 0 {
 		return ""
+	}
+	if s.pinned {
+		return fmt.Sprintf("- (l) pinned: the same %d rounds once more with the local PostgreSQL server (every process named `postgres`, so the backends it forks too) pinned to CPU 0 and this process (the engine with librdkafka's threads, the direct loop, the Poll loop) and the broker to the other CPUs (`sched_setaffinity` on every thread, undone after the section; `-pg-rate-pin`). Unpinned, on a machine of few cores, the direct loop leaves PostgreSQL nearly every core while the pipeline's engine takes part of them to read Kafka and evaluate, so the ratio weighs the client's CPU against the database's; pinned, PostgreSQL has the same CPU in the pipeline's runs as in the baseline's, as with the engine in a container of its own.\n", len(s.rounds))
 	}
 	txs := ""
 	if len(s.txSizes) > 0 {
@@ -718,7 +765,7 @@ func (s *pgRateReport) method() string {
 		}
 		txs = fmt.Sprintf(" After the rounds the direct JSON loop runs once more at each of %s rows per transaction (`-pg-rate-tx`), its rate only.", strings.Join(parts, ", "))
 	}
-	return fmt.Sprintf("- Against PostgreSQL's own rate (l): %d orders in each of JSON, Avro (registry wire format) and Protobuf (registry wire format, message index [0]; a stub registry serves both schemas), ten fields of which two are nested records (`customer{id,country,tier}`, `shipping{city,zip}`), order i to partition i %% 12 with key `o<i>` (distinct keys). %d rounds; in each, per format: an exactly-once drain (fresh group, records/s from the first record applied to the last) of an upsert pipeline writing the key (`value.id`) and four columns (`status`, `amount`, `customer.id`, `int(items)`) into its table, truncated first, and a direct loop writing the same rows (read back from the first drain, by partition, in offset order) with `INSERT … SELECT FROM unnest($1::text[], …) ON CONFLICT (order_id) DO UPDATE SET …`: one writer per partition (12), a pool of the engine's default size (%d), %d rows per transaction (`processing.batch_size`), each chunk its own transaction; then a rollup pipeline (count and sum of `amount` by `status` and minute of `record.timestamp`) on the JSON and Avro orders, checked by `sum(count)`, against a bare confluent-kafka-go `Poll` loop (ratchet's consumer settings, all 12 partitions assigned from the start, no commits) that decodes `status` and `amount` of every record (valyala/fastjson for JSON, hamba/avro into a two-field struct for Avro) and sums amounts per status. The pipeline goes first in odd rounds, the baseline in even ones; medians reported.%s CPU-seconds per 100,000 records: ratchet's is this process's user + system time (`/proc/self/stat`, the in-process engine with librdkafka's threads; for the direct loop the loop's) between the first record and the last; PostgreSQL's is the user + system time (`/proc/<pid>/stat` fields 14 and 15) of the backends serving the bench database: processes named `postgres` whose command line (which the server sets to `postgres: <cluster>: <user> <database> <client> <state>`) names the database, found by walking `/proc` every 250 ms from the run's start to its end (the walk runs in this process, so its cost is in ratchet's and the loop's figure); the WAL writer, checkpointer and background writer, shared by every database on the server, are left out. The log (`bench.log`) also gives the whole server's figure (every postmaster with its reaped children's `cutime` + `cstime` and its live children), which counts the other databases' work on the machine.\n",
+	return fmt.Sprintf("- Against PostgreSQL's own rate (l): %d orders in each of JSON, Avro (registry wire format) and Protobuf (registry wire format, message index [0]; a stub registry serves both schemas), ten fields of which two are nested records (`customer{id,country,tier}`, `shipping{city,zip}`), order i to partition i %% 12 with key `o<i>` (distinct keys). %d rounds; in each, per format: an exactly-once drain (fresh group, records/s from the first record applied to the last) of an upsert pipeline writing the key (`value.id`) and four columns (`status`, `amount`, `customer.id`, `int(items)`) into its table, truncated first, and a direct loop writing the same rows (read back from the first drain, by partition, in offset order) with `INSERT … SELECT FROM unnest($1::text[], …) ON CONFLICT (order_id) DO UPDATE SET …`: one writer per partition (12), a pool of the engine's default size (%d), %d rows per transaction (`processing.batch_size`), each chunk its own transaction; then a rollup pipeline (count and sum of `amount` by `status` and minute of `record.timestamp`) on the JSON and Avro orders, checked by `sum(count)`, against a bare confluent-kafka-go `Poll` loop (ratchet's consumer settings, all 12 partitions assigned from the start, no commits) that decodes `status` and `amount` of every record (valyala/fastjson for JSON, hamba/avro into a two-field struct for Avro) and sums amounts per status. The pipeline goes first in odd rounds, the baseline in even ones; medians reported.%s CPU-seconds per 100,000 records: ratchet's is this process's user + system time (`/proc/self/stat`, the in-process engine with librdkafka's threads; for the direct loop the loop's) between the first record and the last; PostgreSQL's is the user + system time (`/proc/<pid>/stat` fields 14 and 15) of the backends serving the bench database: processes named `postgres` whose command line (which the server sets to `postgres: <cluster>: <user> <database> <client> <state>`) names the database, found by walking `/proc` every 250 ms from the run's start to its end (the walk runs in this process, so its cost is in ratchet's and the loop's figure); the WAL writer, checkpointer and background writer, shared by every database on the server, are left out. The log (`bench.log`) also gives the whole server's figure (every postmaster with its reaped children's `cutime` + `cstime` and its live children), which counts the other databases' work on the machine. Before each timed run that writes, a `CHECKPOINT` writes out what earlier runs left dirty, so no run pays for another's pages or meets a checkpoint that max_wal_size sets off.\n",
 		s.records, len(s.rounds), s.conns, s.perTx, txs)
 }
 

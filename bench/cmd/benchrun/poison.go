@@ -56,7 +56,7 @@ func poisonOrder(i int64, o benchOrder) ([]byte, error) {
 // with refused records taken out, the poisoned one with them split out,
 // the order rotating between rounds; every drain's table and dead-letter
 // count are checked.
-func runPoison(ctx context.Context, env *benchEnv, m int64, rounds int, say func(string, ...any)) (*poisonReport, error) {
+func runPoison(ctx context.Context, env *benchEnv, m int64, rounds int, profile bool, say func(string, ...any)) (*poisonReport, error) {
 	var poison int64
 	keys := map[int64]bool{} // the keys with a clean order: the poisoned drains' rows
 	for i := range m {
@@ -81,6 +81,9 @@ func runPoison(ctx context.Context, env *benchEnv, m int64, rounds int, say func
 	kinds := []string{"clean", "taken out", "split"}
 	drain := func(r, kind int) (drainResult, error) {
 		if _, err := env.db.pool.Exec(ctx, "TRUNCATE "+poisonTable); err != nil {
+			return drainResult{}, err
+		}
+		if err := env.checkpoint(ctx); err != nil {
 			return drainResult{}, err
 		}
 		topic, want, wantRows, wait := "orders-poison", m-poison, int64(len(keys)), time.Duration(0)
@@ -121,6 +124,17 @@ func runPoison(ctx context.Context, env *benchEnv, m int64, rounds int, say func
 			*out[kind] = d
 		}
 		rep.rounds = append(rep.rounds, x)
+	}
+	if profile {
+		// One more clean and one more taken-out drain, each under a CPU
+		// profile and between two allocs profiles (-profile).
+		for _, kind := range []int{0, 1} {
+			path := env.outPath("cpu-poison-" + strings.ReplaceAll(kinds[kind], " ", "-") + ".pprof")
+			if err := profiled(path, func() error { _, err := drain(rounds+1, kind); return err }); err != nil {
+				return nil, err
+			}
+			say("profile: %s", path)
+		}
 	}
 	return rep, nil
 }
@@ -197,6 +211,6 @@ func (s *poisonReport) method() string {
 	if s == nil || len(s.rounds) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("- Poison (j3): %d rounds, each three exactly-once drains (fresh groups) by the JSON order upsert pipeline (j) into `%s`: the %d orders of `orders-clean`, and the same orders in `orders-poison` where one in 101 (%d) is refused by the pipeline before any statement is sent (an amount `double()` cannot read, a customer without an id, an amount that is a bool), once taken out of their batches and once isolated by splitting the batches (`engine.Options.RejectWait` < 0, the path before); the order rotates between rounds, the table and the dead letters are checked after each, records/s counts every record read (applied or dead-lettered) from the first to the last, CPU is the bench process's own (the engine runs in it; the machine's cores are shared), and the median is reported.\n",
+	return fmt.Sprintf("- Poison (j3): %d rounds, each three exactly-once drains (fresh groups) by the JSON order upsert pipeline (j) into `%s`: the %d orders of `orders-clean`, and the same orders in `orders-poison` where one in 101 (%d) is refused by the pipeline before any statement is sent (an amount `double()` cannot read, a customer without an id, an amount that is a bool), once taken out of their batches and once isolated by splitting the batches (`engine.Options.RejectWait` < 0, the path before); the order rotates between rounds, the table and the dead letters are checked after each, records/s counts every record read (applied or dead-lettered) from the first to the last, CPU is the bench process's own (the engine runs in it; the machine's cores are shared), and the median is reported. Before each drain a `CHECKPOINT` writes out what earlier runs left dirty.\n",
 		len(s.rounds), poisonTable, s.orders, s.poison)
 }

@@ -48,6 +48,8 @@ type report struct {
 	poisoned   *poisonReport    // the poison section (j3)
 	kill       *killReport      // the restart-after-kill -9 section (issue 32)
 	pgRate     *pgRateReport    // the PostgreSQL-rate section (l, issue 33)
+	// pgRatePinned is section (l) again with PostgreSQL pinned to CPU 0.
+	pgRatePinned *pgRateReport
 }
 
 type medians struct{ a, b, c, d float64 }
@@ -114,6 +116,7 @@ func (r *report) table() string {
 	}
 	if r.opts.onlyPGRate {
 		r.pgRate.rows(row)
+		r.pgRatePinned.rows(row)
 		return sb.String()
 	}
 	m := r.medians()
@@ -196,6 +199,7 @@ func (r *report) table() string {
 	r.pipelines.rows(row)
 	r.appendSink.rows(row)
 	r.pgRate.rows(row)
+	r.pgRatePinned.rows(row)
 	r.poisoned.rows(row)
 	r.kill.rows(row)
 	for _, c := range r.commits {
@@ -311,6 +315,7 @@ func (r *report) markdown(table string) string {
 	sb.WriteString(r.pipelines.method())
 	sb.WriteString(r.appendSink.method())
 	sb.WriteString(r.pgRate.method())
+	sb.WriteString(r.pgRatePinned.method())
 	sb.WriteString(r.poisoned.method())
 	sb.WriteString(r.kill.method())
 	sb.WriteString("- Commit load: the broker is a separate process whose requests cannot be counted without changing `cmd/` or `internal/`, so this part alone runs an **in-process kfake** (`kfake.NewCluster` with `ControlKey(OffsetCommit)` + `KeepControl`, counting and passing every request through) and the engine in-process at its defaults (`commit.interval=1s`), fed by `internal/produce` at the given rate; requests counted over 10 s after 5 s of warm-up.\n")
