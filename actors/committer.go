@@ -23,9 +23,9 @@ type OffsetCommitter interface {
 
 // CommitterConfig configures a Committer.
 type CommitterConfig struct {
-	// Kafka returns the consumer to commit through. It is a function
-	// because the consumer is rebuilt on reconnect; it returns nil while
-	// there is none.
+	// Kafka returns the consumer to commit through (the engine's
+	// CommitGate). It is a function because the consumer is rebuilt on
+	// reconnect; it may return nil while there is none.
 	Kafka    func() OffsetCommitter
 	Interval time.Duration
 	Metrics  *metrics.Metrics
@@ -129,7 +129,11 @@ func (m *Committer) periodic(c actor.Context) {
 	if err == nil {
 		return
 	}
-	if reason := GroupRefusal(err); reason != "" {
+	if errors.Is(err, ErrNoConsumer) || errors.Is(err, ErrConsumerClosing) {
+		// Between consumers, or one being closed: the next consumer's
+		// assignment registers its partitions afresh.
+		m.cfg.Logger.Debug("offset commit deferred: no consumer to commit through", "actor", "committer", "err", err)
+	} else if reason := GroupRefusal(err); reason != "" {
 		m.awaitRejoin = true
 		m.cfg.Logger.Debug("offset commit refused while the group rebalances; retrying once rejoined",
 			"actor", "committer", "reason", reason, "err", err)
@@ -220,7 +224,14 @@ func (m *Committer) commitOffsets(offsets []kafka.TopicPartition) (map[TopicPart
 	}
 	res, err := k.CommitOffsets(offsets)
 	if err != nil {
-		m.cfg.Metrics.Commits.WithLabelValues(commitResult(err, "error")).Inc()
+		result := commitResult(err, "error")
+		switch {
+		case errors.Is(err, ErrNoConsumer):
+			result = "no_consumer"
+		case errors.Is(err, ErrConsumerClosing):
+			result = "closing"
+		}
+		m.cfg.Metrics.Commits.WithLabelValues(result).Inc()
 		return nil, fmt.Errorf("commit %d partitions: %w", len(offsets), err)
 	}
 	done := make(map[TopicPartition]int64, len(res))

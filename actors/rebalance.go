@@ -33,6 +33,10 @@ func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
 		return nil
 	}
 	defer s.callbacks.Unlock()
+	// Inside Close, this callback's commits are safe until its librdkafka
+	// call (unlocked), and none after it (commitgate.go).
+	s.cfg.Commits.openWindow()
+	defer s.cfg.Commits.closeWindow(time.Now())
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
 		s.assign(c, e.Partitions)
@@ -49,8 +53,16 @@ func (s *Supervisor) rebalance(c *kafka.Consumer, ev kafka.Event) error {
 // reports whether c still counts afterwards; when it does not, the
 // callback returns at once and touches nothing more of the supervisor's
 // state, which belongs to the poll loop again (and perhaps to c's
-// successor).
+// successor). Inside a Close, the callback's window for commits shuts
+// before call (commitgate.go).
 func (s *Supervisor) unlocked(c *kafka.Consumer, call func() error) (still bool, err error) {
+	by := s.deadline
+	if by.IsZero() {
+		by = time.Now().Add(settleAfter)
+	}
+	if !s.cfg.Commits.closeWindow(by) {
+		s.cfg.Logger.Warn("a commit was still on its way to the group at the callback's assign call")
+	}
 	s.callbacks.Unlock()
 	err = call()
 	s.callbacks.Lock()

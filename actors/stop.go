@@ -525,6 +525,9 @@ func (s *Supervisor) closeConsumer(deadline time.Time) {
 	if s.clock.when().IsZero() {
 		deadline = maxTime(deadline, time.Now().Add(100*time.Millisecond)) // a rebuild: Close gets a moment at least
 	}
+	if !s.cfg.Commits.beginClose(minTime(deadline, time.Now().Add(keep))) {
+		s.cfg.Logger.Warn("a commit was still on its way to the group when Close began")
+	}
 	var err error
 	done := make(chan struct{})
 	go func() { s.groupCheck.Wait(); err = c.Close(); close(done) }() // ends when Close returns; abandoned on timeout
@@ -537,8 +540,8 @@ func (s *Supervisor) closeConsumer(deadline time.Time) {
 		s.cfg.Logger.Error("close consumer timed out; abandoning it", "timeout", time.Since(began).Round(time.Millisecond).String())
 	}
 	s.retire(keep)
+	s.cfg.Commits.shut()
 	s.consumer = nil
-	s.cfg.OnConsumer(nil)
 }
 
 // retire makes the callbacks of the consumer being closed touch nothing

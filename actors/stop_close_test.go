@@ -33,7 +33,7 @@ func closingConsumer(t *testing.T) *kafka.Consumer {
 func TestStopRetiresAConsumerWhoseCallbackIsStuckInLibrdkafka(t *testing.T) {
 	sys, committer, _, m := newTestCommitter(t, time.Hour)
 	s := NewSupervisor(sys, SupervisorConfig{Committer: committer, DrainTimeout: 2 * time.Second,
-		Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), OnConsumer: func(*kafka.Consumer) {}})
+		Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Commits: NewCommitGate()})
 	c := closingConsumer(t)
 	s.consumer = c
 	s.current.Store(c)

@@ -29,10 +29,12 @@ type ClaimFunc func(ctx context.Context, reqs []store.ClaimRequest) ([]store.Cla
 type SupervisorConfig struct {
 	// NewConsumer builds a consumer (not yet subscribed).
 	NewConsumer func() (*kafka.Consumer, error)
-	// OnConsumer is told about every consumer built, and nil once it is
-	// closed; the committer commits through it.
-	OnConsumer func(*kafka.Consumer)
-	Topics     []string
+	// Commits is the committer's way to the consumer: the supervisor
+	// opens it on every consumer it builds and keeps commits away from
+	// the consumer's Close (commitgate.go). nil: the committer commits
+	// through nothing.
+	Commits *CommitGate
+	Topics  []string
 	// Claim is set in exactly-once mode, nil in at-least-once mode.
 	Claim ClaimFunc
 	// Reposition moves a claimed partition's stored position (guarded by
@@ -290,7 +292,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		}
 		s.consumer = c
 		s.current.Store(c)
-		s.cfg.OnConsumer(c)
+		s.cfg.Commits.open(c)
 		if err := c.SubscribeTopics(s.cfg.Topics, s.rebalance); err != nil {
 			s.closeConsumer(time.Now().Add(s.cfg.DrainTimeout))
 			return fmt.Errorf("subscribe %v: %w", s.cfg.Topics, err)

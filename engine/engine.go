@@ -332,14 +332,9 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	closeBy = flushBy
 	e.stopBy = flushBy
-	var consumer atomic.Pointer[kafka.Consumer]
+	commits := actors.NewCommitGate()
 	committer, err := system.Root.SpawnNamed(actor.PropsFromProducer(actors.NewCommitter(actors.CommitterConfig{
-		Kafka: func() actors.OffsetCommitter {
-			if c := consumer.Load(); c != nil {
-				return c
-			}
-			return nil
-		},
+		Kafka:    func() actors.OffsetCommitter { return commits },
 		Interval: cfg.Commit.Interval,
 		Metrics:  e.m,
 		Logger:   e.log,
@@ -455,9 +450,9 @@ func (e *engine) run(ctx context.Context) error {
 				Partitions:      inputPartitions,
 			}, e.log)
 		},
-		OnConsumer: func(c *kafka.Consumer) { consumer.Store(c) },
-		Topics:     cfg.Kafka.Topics,
-		Claim:      claim,
+		Commits: commits,
+		Topics:  cfg.Kafka.Topics,
+		Claim:   claim,
 		Reposition: func(ctx context.Context, c store.Claim, next int64) (store.Claim, error) {
 			return store.MoveOffset(ctx, pool, c, next)
 		},
