@@ -133,7 +133,8 @@
 //     commits every partition ahead of Kafka in one CommitOffsets call,
 //     however many batches were applied meanwhile. A commit the group
 //     refuses while it rebalances (GroupRefusal, group.go) is made again
-//     at the next Rejoined.
+//     at the next Rejoined. Commits go through the CommitGate, which
+//     keeps them from a consumer whose Close has begun (commitgate.go).
 //
 // Kafka's commit is what lag tools read. In exactly-once mode it is not
 // what resumes a partition: step 5 stored the position in the same
