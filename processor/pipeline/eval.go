@@ -162,14 +162,8 @@ func (a *recordActivation) path(path []string) (ref.Val, bool) {
 	cur := a.value
 	for i, name := range path {
 		switch x := cur.(type) {
-		case map[string]any:
-			v, ok := x[name]
-			if !ok {
-				return nil, false
-			}
-			cur = v
-		case *object:
-			v, ok := x.get(name)
+		case map[string]any, *object:
+			v, ok := field(x, name)
 			if !ok {
 				return nil, false
 			}

@@ -229,16 +229,7 @@ func (e *expr) native(act interpreter.Activation, k wireKind) (any, bool) {
 	}
 	cur := a.value
 	for _, name := range e.form.path {
-		switch m := cur.(type) {
-		case *object:
-			if cur, ok = m.get(name); !ok {
-				return nil, false
-			}
-		case map[string]any:
-			if cur, ok = m[name]; !ok {
-				return nil, false
-			}
-		default:
+		if cur, ok = field(cur, name); !ok {
 			return nil, false
 		}
 	}
@@ -255,4 +246,17 @@ func (e *expr) native(act interpreter.Activation, k wireKind) (any, bool) {
 		ok = false
 	}
 	return cur, ok
+}
+
+// field is the value at key name of a decoded JSON or Avro map or a partly
+// decoded JSON object; false when the key is absent or v is neither.
+func field(v any, name string) (any, bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		f, ok := x[name]
+		return f, ok
+	case *object:
+		return x.get(name)
+	}
+	return nil, false
 }
