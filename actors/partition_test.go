@@ -85,11 +85,12 @@ func (d *recordingDLQ) snapshot() ([]int64, bool) {
 	return append([]int64(nil), d.offsets...), d.whileHeld
 }
 
-// TestPartitionCutsTheNextBatchAhead: while one batch is held in its
-// transaction, the partition has already decoded the next ones and written
-// their poison records to the DLQ; a drain then applies those batches too,
-// so their dead letters are not written again by the next owner.
-func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
+// gatedPartition starts a partition actor of batches of 4 (up to maxBatch
+// when behind; 0: 4) whose applier holds each transaction until released,
+// with a DLQ that records what it was given and whether a batch was held
+// meanwhile.
+func gatedPartition(t *testing.T, maxBatch int) (*actor.ActorSystem, *gatedApplier, *recordingDLQ, *PartitionConfig, *actor.PID) {
+	t.Helper()
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
 	app := &gatedApplier{held: make(chan struct{}), release: make(chan struct{})}
 	dlq := &recordingDLQ{gate: app}
@@ -97,7 +98,7 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	tp := TopicPartition{Topic: "events", Partition: 0}
 	held := NewHeld(nil)
 	cfg := &PartitionConfig{
-		TP: tp, Start: 0, Format: "protobuf", BatchSize: 4, Linger: time.Hour,
+		TP: tp, Start: 0, Format: "protobuf", BatchSize: 4, MaxBatch: maxBatch, Linger: time.Hour,
 		Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 1},
 		Applier: app, Committer: sink, DLQ: dlq, DLQTopic: "events.dlq",
 		Held: held, Progress: &Progress{}, PanicLimit: 3,
@@ -107,6 +108,16 @@ func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
 	}
 	pid := sys.Root.Spawn(actor.PropsFromProducer(NewPartition(cfg)))
 	t.Cleanup(func() { _ = sys.Root.StopFuture(pid).Wait() })
+	return sys, app, dlq, cfg, pid
+}
+
+// TestPartitionCutsTheNextBatchAhead: while one batch is held in its
+// transaction, the partition has already decoded the next ones and written
+// their poison records to the DLQ; a drain then applies those batches too,
+// so their dead letters are not written again by the next owner.
+func TestPartitionCutsTheNextBatchAhead(t *testing.T) {
+	sys, app, dlq, cfg, pid := gatedPartition(t, 0)
+	held, tp := cfg.Held, cfg.TP
 
 	good, err := proto.Marshal(&ratchetv1.Event{Metric: "m", Time: timestamppb.Now()})
 	if err != nil {
@@ -183,23 +194,8 @@ func TestPartitionGrowsBatchesWhenBehind(t *testing.T) {
 		{"growth off", 0, []span{{0, 4}, {4, 8}, {8, 12}, {12, 16}, {16, 20}, {20, 24}, {24, 28}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
-			app := &gatedApplier{held: make(chan struct{}), release: make(chan struct{})}
-			dlq := &recordingDLQ{gate: app}
-			sink := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
-			tp := TopicPartition{Topic: "events", Partition: 0}
-			held := NewHeld(nil)
-			cfg := &PartitionConfig{
-				TP: tp, Start: 0, Format: "protobuf", BatchSize: 4, MaxBatch: tc.maxBatch, Linger: time.Hour,
-				Retry:   RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 1},
-				Applier: app, Committer: sink, DLQ: dlq, DLQTopic: "events.dlq",
-				Held: held, Progress: &Progress{}, PanicLimit: 3,
-				Seek:    func(*actor.PID, TopicPartition, int64) {},
-				Metrics: metrics.New(prometheus.NewRegistry()),
-				Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-			}
-			pid := sys.Root.Spawn(actor.PropsFromProducer(NewPartition(cfg)))
-			t.Cleanup(func() { _ = sys.Root.StopFuture(pid).Wait() })
+			sys, app, dlq, cfg, pid := gatedPartition(t, tc.maxBatch)
+			held, tp := cfg.Held, cfg.TP
 
 			good, err := proto.Marshal(&ratchetv1.Event{Metric: "m", Time: timestamppb.Now()})
 			if err != nil {
