@@ -448,7 +448,7 @@ type backfiller struct {
 	batchSize int
 	rate      float64
 
-	metrics                *backfillMetrics // nil: not served
+	metrics *backfillMetrics // nil: not served
 
 	total, done            int64 // offsets of the plan, and passed so far
 	applied, dead, skipped int64

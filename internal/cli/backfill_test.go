@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -95,9 +95,9 @@ type backfillEnv struct {
 	version int64
 	// keyed puts every record of a key in one partition (the key's
 	// number's parity); otherwise records alternate between partitions.
-	keyed bool
-	mu    sync.Mutex
-	orders  []bfOrder // every order produced, with its offset
+	keyed  bool
+	mu     sync.Mutex
+	orders []bfOrder // every order produced, with its offset
 }
 
 func newBackfillEnv(t *testing.T, _ string) *backfillEnv {
