@@ -226,17 +226,9 @@ type Origin struct {
 // Backfill is a backfill's position on one partition
 // (ratchet_pipeline_backfills).
 type Backfill struct {
-	Pipeline  string
-	Topic     string
-	Partition int32
-	From, To  int64
-	Next      int64
-	Records   int64
-	// Descending: the range is applied from its end down (Next..To-1
-	// done, From..Next-1 remain).
-	Descending bool
-	StartedAt  time.Time
-	UpdatedAt  time.Time
+	Pipeline string
+	BackfillPosition
+	StartedAt time.Time
 }
 
 // RecordedDefinition is a definition as recorded, with when.
