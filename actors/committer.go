@@ -217,21 +217,15 @@ func (m *Committer) commit(tps []TopicPartition, parent tracing.Ref) (map[TopicP
 
 // commitOffsets commits offsets in one request.
 func (m *Committer) commitOffsets(offsets []kafka.TopicPartition) (map[TopicPartition]int64, error) {
-	k := m.cfg.Kafka()
-	if k == nil {
-		m.cfg.Metrics.Commits.WithLabelValues("no_consumer").Inc()
-		return nil, errors.New("commit offsets: no consumer")
+	var (
+		res []kafka.TopicPartition
+		err = ErrNoConsumer
+	)
+	if k := m.cfg.Kafka(); k != nil {
+		res, err = k.CommitOffsets(offsets)
 	}
-	res, err := k.CommitOffsets(offsets)
 	if err != nil {
-		result := commitResult(err, "error")
-		switch {
-		case errors.Is(err, ErrNoConsumer):
-			result = "no_consumer"
-		case errors.Is(err, ErrConsumerClosing):
-			result = "closing"
-		}
-		m.cfg.Metrics.Commits.WithLabelValues(result).Inc()
+		m.cfg.Metrics.Commits.WithLabelValues(commitResult(err, "error")).Inc()
 		return nil, fmt.Errorf("commit %d partitions: %w", len(offsets), err)
 	}
 	done := make(map[TopicPartition]int64, len(res))

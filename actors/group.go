@@ -129,6 +129,12 @@ func visit(err error, f func(error) bool) bool {
 // commitResult is the commits metric's result label for a failed commit:
 // the group refusal's reason, else fallback (error or partial).
 func commitResult(err error, fallback string) string {
+	switch {
+	case errors.Is(err, ErrNoConsumer):
+		return "no_consumer"
+	case errors.Is(err, ErrConsumerClosing):
+		return "closing"
+	}
 	if r := GroupRefusal(err); r != "" {
 		return r
 	}
