@@ -40,7 +40,10 @@ func (s *Set) JSONDecoder(topic string, framed bool) JSONDecoder {
 	return JSONDecoder{Framed: framed, reads: s.reads[topic]}
 }
 
-// DecodeRecord implements the engine's per-partition value decoder.
+// DecodeRecord implements the engine's per-partition value decoder. The
+// strings of a partly decoded value share rec.Value's bytes (Kafka's
+// records are never changed once read), so rec.Value must not change
+// while rec.Decoded is in use.
 func (d JSONDecoder) DecodeRecord(rec *processor.Record) error {
 	if rec.Value == nil {
 		return nil // tombstone

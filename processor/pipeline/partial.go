@@ -61,6 +61,9 @@ type scanner struct {
 
 // space skips JSON whitespace.
 func (s *scanner) space() {
+	if s.i < len(s.b) && s.b[s.i] > ' ' {
+		return // compact JSON: no whitespace at all
+	}
 	for s.i < len(s.b) {
 		switch s.b[s.i] {
 		case ' ', '\t', '\n', '\r':
@@ -79,6 +82,9 @@ func (s *scanner) space() {
 type object struct {
 	t    *fieldTree
 	vals []any
+	// inline holds vals for a node read at up to len(inline) keys, most
+	// of them, so that the object and its values are one allocation.
+	inline [4]any
 }
 
 // absentKey is the value of a key an object's document lacks.
@@ -90,7 +96,7 @@ var absent any = absentKey{}
 // get is the value at key name, as a map of the object's keys would give
 // it.
 func (o *object) get(name string) (any, bool) {
-	k := o.t.kids[name]
+	k := o.t.kid(name)
 	if k == nil {
 		return nil, false
 	}
@@ -121,7 +127,12 @@ func (s *scanner) object(t *fieldTree) (*object, bool) {
 		return nil, false
 	}
 	s.i++ // '{'
-	m := &object{t: t, vals: make([]any, len(t.order))}
+	m := &object{t: t}
+	if len(t.order) <= len(m.inline) {
+		m.vals = m.inline[:len(t.order)]
+	} else {
+		m.vals = make([]any, len(t.order))
+	}
 	for i := range m.vals {
 		m.vals[i] = absent
 	}
@@ -150,13 +161,13 @@ func (s *scanner) object(t *fieldTree) (*object, bool) {
 		s.space()
 		var kid *fieldTree
 		if plain {
-			kid = t.kids[string(raw[1:len(raw)-1])] // no allocation
+			kid = t.kid(unsafe.String(&raw[1], len(raw)-2))
 		} else {
 			name, ok := unquote(raw)
 			if !ok {
 				return nil, false
 			}
-			kid = t.kids[name]
+			kid = t.kid(name)
 		}
 		if kid == nil {
 			if !s.skip() {
@@ -287,6 +298,14 @@ func (s *scanner) str() (plain, ok bool) {
 	start := s.i
 	plain, high := true, false
 	for s.i < len(s.b) {
+		b, i := s.b, s.i // locals: the loop keeps them in registers
+		for i < len(b) && !strSpecial[b[i]] {
+			i++ // the common bytes, without the cases below
+		}
+		s.i = i
+		if s.i >= len(s.b) {
+			break
+		}
 		c := s.b[s.i]
 		switch {
 		case c == '"':
@@ -327,6 +346,19 @@ func (s *scanner) str() (plain, ok bool) {
 	}
 	return false, false
 }
+
+// strSpecial marks the bytes of a string str must look at: its end, an
+// escape, control characters, and bytes of multi-byte UTF-8.
+var strSpecial = func() (t [256]bool) {
+	t['"'], t['\\'] = true, true
+	for c := range 0x20 {
+		t[c] = true
+	}
+	for c := utf8.RuneSelf; c < len(t); c++ {
+		t[c] = true
+	}
+	return t
+}()
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
@@ -393,7 +425,10 @@ func wholeValue(raw []byte) (any, bool) {
 	switch c := raw[0]; {
 	case c == '"':
 		if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
-			return string(raw[1 : len(raw)-1]), true
+			// The text as it stands in the record's value, not a copy:
+			// the value is not changed after it is decoded (DecodeRecord).
+			b := raw[1 : len(raw)-1]
+			return unsafe.String(unsafe.SliceData(b), len(b)), true
 		}
 		return unquote(raw)
 	case c == 't':

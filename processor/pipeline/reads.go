@@ -31,6 +31,20 @@ type fieldTree struct {
 	name string
 }
 
+// kid is the kid at key name, or nil. A node read at a few keys, as most
+// are, compares them in turn, which is faster than hashing name.
+func (t *fieldTree) kid(name string) *fieldTree {
+	if len(t.order) <= 8 {
+		for _, k := range t.order {
+			if k.name == name {
+				return k
+			}
+		}
+		return nil
+	}
+	return t.kids[name]
+}
+
 // add marks path read whole; a nil path is the whole value. A path below
 // a node read whole adds nothing; a node read whole forgets its kids.
 func (t *fieldTree) add(path []string) {
