@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"math"
+	"testing"
+	"time"
+)
 
 func TestParseProcStatCommWithSpacesAndParens(t *testing.T) {
 	line := "4242 (postgres: a) b) S 17 4242 4242 0 -1 4194560 100 0 0 0 31 7 5 3 20 0 1 0 100 1000 10\n"
@@ -33,5 +37,19 @@ func TestSumPostgresCountsAnEndedBackendOnce(t *testing.T) {
 	got := sumPostgres(after) - sumPostgres(before)
 	if want := 1.0 + 2 + (9 - 7) + 4 + 5; got != want {
 		t.Fatalf("server CPU between the readings: %v ticks, want %v", got, want)
+	}
+}
+
+// TestUpsertBudgetIsWhatTheCoresLeave: at 0.8 of a direct rate of 250k
+// rows/s two busy cores give 1.0 CPU-s per 100k records; PostgreSQL's 0.5
+// and the broker's 0.05 in the pipeline's run leave 0.45.
+func TestUpsertBudgetIsWhatTheCoresLeave(t *testing.T) {
+	direct := pgRun{drainResult: drainResult{Events: 250_000, Steady: time.Second}}
+	pipeline := pgRun{drainResult: drainResult{Events: 200_000, Steady: time.Second, CPU: cpuUse{broker: 0.1}}, pgCPU: 1.0}
+	if got := upsertBudget(2, pipeline, direct); math.Abs(got-0.45) > 1e-9 {
+		t.Fatalf("budget %.4f, want 0.45", got)
+	}
+	if got := upsertBudget(2, pipeline, pgRun{}); got != 0 {
+		t.Fatalf("budget without a direct rate %.4f, want 0", got)
 	}
 }
