@@ -775,7 +775,7 @@ func (s *pgRateReport) rows(row func(cells ...string)) {
 			_, poll := s.series(func(x pgRateRound) float64 { return x.rollup[f].base.ratchetPer100k() }, "%.2f")
 			_, own := s.series(func(x pgRateRound) float64 { return x.upsert[f].base.ratchetPer100k() }, "%.2f")
 			_, rat := s.series(func(x pgRateRound) float64 { return x.upsert[f].ratchet.ratchetPer100k() }, "%.2f")
-			row(fmt.Sprintf(l+" CPU-s per 100k a %s upsert pipeline may take to reach 0.8 of the direct loop on %d busy cores (cores at that rate, less PostgreSQL's and the broker's in its runs)", names[f], runtime.NumCPU()),
+			row(fmt.Sprintf(l+" CPU-s per 100k the %s upsert pipeline may take to reach 0.8 of the direct loop on %d busy cores (cores at that rate, less PostgreSQL's and the broker's in its runs)", names[f], runtime.NumCPU()),
 				fmt.Sprintf("%.2f (rounds: %s); the bare Poll loop decoding two fields %.2f + the direct loop's own writing %.2f = %.2f; ratchet %.2f", v, rs, poll, own, poll+own, rat), "reported", "")
 		}
 	}
