@@ -137,6 +137,31 @@ func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
 	return v, nil
 }
 
+// timeOf evaluates e, a rollup's time, to a time as toTime reads its
+// value. record.timestamp is read as it is, without making a CEL value of
+// it (which allocates); the same time and the same refusals as through
+// eval and toTime.
+func (e *expr) timeOf(act interpreter.Activation) (time.Time, error) {
+	if f := e.form; f != nil && f.record == "timestamp" {
+		if a, ok := act.(*recordActivation); ok {
+			t, err := inRange(a.rec.Timestamp)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("%s: %w", e.shortKey(), err)
+			}
+			return t, nil
+		}
+	}
+	v, err := e.eval(act)
+	if err != nil {
+		return time.Time{}, err
+	}
+	t, err := toTime(v, e.bounds(act))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s: %w", e.shortKey(), err)
+	}
+	return t, nil
+}
+
 // ErrInterrupted wraps the error of an evaluation the batch's context
 // stopped: the batch is to be retried, not its record dead-lettered.
 var ErrInterrupted = errors.New("evaluation interrupted")

@@ -492,7 +492,7 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 				return fmt.Errorf("%s: null (a key column cannot be null)", u.key[i].shortKey())
 			}
 		}
-		vals, _, err = evalColumns(u.columns, sql, len(u.key), act, vals)
+		vals, _, err = appendColumns(u.columns, sql, len(u.key), act, vals, nil, false)
 		if err != nil {
 			return err
 		}
@@ -512,20 +512,20 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 		return nil
 	}
 	r := pl.rollup
-	tv, err := r.time.eval(act)
+	t, err := r.time.timeOf(act)
 	if err != nil {
 		return err
 	}
-	t, err := toTime(tv, r.time.bounds(act))
-	if err != nil {
-		return fmt.Errorf("%s: %w", r.time.shortKey(), err)
-	}
-	group, key, err := evalColumns(r.groupBy, sql, 0, act, nil)
+	// The group's values and key are built on the stack: a record whose
+	// group and bucket the batch has already met allocates neither.
+	var groupBuf [4]any
+	var keyBuf [128]byte
+	group, kb, err := appendColumns(r.groupBy, sql, 0, act, groupBuf[:0], keyBuf[:0], true)
 	if err != nil {
 		return err
 	}
 	bucket := bucketStart(t, r.bucket)
-	key = string(strconv.AppendInt([]byte(key), bucket.Unix(), 10))
+	kb = strconv.AppendInt(kb, bucket.Unix(), 10)
 	var nums [8]number // the aggregates' operands; more than 8 spill
 	ops := nums[:0]
 	// Aggregates of one expression (sum, min and max of one value) share
@@ -556,11 +556,12 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 			done[i] = a.arg
 		}
 	}
-	idx, ok := st.rollups[key]
+	idx, ok := st.rollups[string(kb)]
 	if !ok {
+		key := string(kb)
 		idx = len(st.rRows)
 		st.rollups[key] = idx
-		st.rRows = append(st.rRows, rollupRow{key: key, group: group, bucket: bucket,
+		st.rRows = append(st.rRows, rollupRow{key: key, group: slices.Clone(group), bucket: bucket,
 			count: make([]int64, len(r.aggregates)), nums: make([]number, len(r.aggregates)), set: make([]bool, len(r.aggregates))})
 	}
 	row := &st.rRows[idx]
@@ -629,23 +630,35 @@ func versionValue(e *expr, sql *statements, i int, act interpreter.Activation) (
 // values of their columns' kinds appended to out, and a key joining them.
 func evalColumns(cols []*expr, sql *statements, first int, act interpreter.Activation, out []any) ([]any, string, error) {
 	var buf [128]byte
-	key := buf[:0]
+	out, key, err := appendColumns(cols, sql, first, act, out, buf[:0], true)
+	if err != nil {
+		return nil, "", err
+	}
+	return out, string(key), nil
+}
+
+// appendColumns is evalColumns appending the key's bytes to key (when
+// keyed) instead of making a string of them, so that a caller that only
+// looks the key up, or needs no key, allocates none.
+func appendColumns(cols []*expr, sql *statements, first int, act interpreter.Activation, out []any, key []byte, keyed bool) ([]any, []byte, error) {
 	for i, c := range cols {
 		k, typ := sql.kinds[first+i], sql.types[first+i]
 		x, ok := c.native(act, k)
 		if !ok {
 			v, err := c.eval(act)
 			if err != nil {
-				return nil, "", err
+				return nil, nil, err
 			}
 			if x, err = k.value(v, typ, c.bounds(act)); err != nil {
-				return nil, "", fmt.Errorf("%s: %w", c.shortKey(), err)
+				return nil, nil, fmt.Errorf("%s: %w", c.shortKey(), err)
 			}
 		}
 		out = append(out, x)
-		key = keyOf(key, x, k, typ)
+		if keyed {
+			key = keyOf(key, x, k, typ)
+		}
 	}
-	return out, string(key), nil
+	return out, key, nil
 }
 
 // writeOlder sends the rows of records older than the table's (st.oRows)
