@@ -34,6 +34,9 @@ type drainResult struct {
 	TxBusy time.Duration
 	// CPU is the CPU in use from the first record to the last.
 	CPU cpuUse
+	// Batches is how many batch transactions ran (the sample count of
+	// ratchet_batch_duration_seconds); 0 for a loop that is not ratchet.
+	Batches int64
 }
 
 // Rate is events per second from the first record to the last, so group
@@ -70,8 +73,12 @@ func (r drainResult) cpuPerMillion() float64 {
 // cpuLine says how many cores were busy during the drain, and where.
 func (r drainResult) cpuLine() string {
 	u := r.CPU
-	return fmt.Sprintf("CPU %.2f cores (this process %.2f, broker %.2f, rest %.2f), %.2f CPU-s per million events",
+	line := fmt.Sprintf("CPU %.2f cores (this process %.2f, broker %.2f, rest %.2f), %.2f CPU-s per million events",
 		u.machine, u.self, u.broker, u.rest(), r.cpuPerMillion())
+	if r.Batches > 0 {
+		line += fmt.Sprintf(", %d batches (%.0f records each)", r.Batches, float64(r.Events)/float64(r.Batches))
+	}
+	return line
 }
 
 // drainCeiling drains topic with a bare Poll loop: ratchet's consumer
@@ -297,18 +304,36 @@ func drainRatchet(ctx context.Context, env *benchEnv, topic, group, mode string,
 	e := startEngine(ctx, cfg, proc, env.engineLog)
 	first, last, cpu, err := e.waitRecords(ctx, n, 10*time.Minute, env.brokerPID)
 	busy := e.histogramSum("ratchet_batch_duration_seconds")
+	batches := e.histogramCount("ratchet_batch_duration_seconds")
 	if serr := e.stop(); err == nil && serr != nil {
 		err = serr
 	}
 	if err != nil {
 		return drainResult{}, fmt.Errorf("ratchet %s: %w", mode, err)
 	}
-	return drainResult{Events: n, Wall: last.Sub(e.start), Steady: last.Sub(first), TxBusy: busy, CPU: cpu}, nil
+	return drainResult{Events: n, Wall: last.Sub(e.start), Steady: last.Sub(first), TxBusy: busy, CPU: cpu, Batches: batches}, nil
 }
 
 // histogramSum adds up the sample sums of a histogram family (seconds).
 func (e *runningEngine) histogramSum(name string) time.Duration {
 	return time.Duration(e.counter(name) * float64(time.Second))
+}
+
+// histogramCount adds up the sample counts of a histogram family.
+func (e *runningEngine) histogramCount(name string) int64 {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return int64(n)
 }
 
 // inTx is how many partitions were inside a batch transaction on average.
