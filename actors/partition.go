@@ -126,12 +126,6 @@ type Resolver interface {
 	Resolve(ctx context.Context, values [][]byte) (learn func(), err error)
 }
 
-// entry is one buffered record: decoded, or poison with the reason.
-type entry struct {
-	rec    processor.Record
-	poison error
-}
-
 // Partition applies one partition's records in order, one batch in flight at
 // a time, so its watermark is always contiguous. The batch I/O runs in its
 // child, the retry actor; the partition itself only buffers and decides, so
@@ -324,8 +318,11 @@ func (p *Partition) enqueue(c actor.Context, msg *Records) {
 	p.maybeDispatch(c, false)
 }
 
-func (p *Partition) decode(m *kafka.Message) entry {
-	rec := processor.Record{
+// decode fills rec from m and decodes it; the error is the reason it is
+// poison (or ErrSkip). rec is the batch's own slot, so that the record is
+// not built on the heap once more for the decoder's sake.
+func (p *Partition) decode(rec *processor.Record, m *kafka.Message) error {
+	*rec = processor.Record{
 		Topic:         p.cfg.TP.Topic,
 		Partition:     p.cfg.TP.Partition,
 		Offset:        int64(m.TopicPartition.Offset),
@@ -342,11 +339,11 @@ func (p *Partition) decode(m *kafka.Message) entry {
 			rec.Headers[i] = processor.Header{Key: h.Key, Value: h.Value}
 		}
 	}
-	if err := p.state.dec.DecodeRecord(&rec); err != nil {
+	if err := p.state.dec.DecodeRecord(rec); err != nil {
 		rec.Event, rec.Decoded = nil, nil
-		return entry{rec: rec, poison: err}
+		return err
 	}
-	return entry{rec: rec}
+	return nil
 }
 
 func timestampType(t kafka.TimestampType) processor.TimestampType {
@@ -518,17 +515,21 @@ func (p *Partition) cut(n int) (*applyBatch, int, int64) {
 	// letters are part of it. The retry actor ends it with the outcome.
 	msg.span = p.cfg.Tracer.StartBatch(p.cfg.TP.Topic, p.cfg.TP.Partition, take)
 	var letters []Letter
+	recs := msg.batch.Records
 	for _, m := range take {
-		e := p.decode(m)
-		if errors.Is(e.poison, ErrSkip) {
-			continue // in the batch's offsets, not in its records
-		}
-		if e.poison != nil {
-			letters = append(letters, Letter{Record: e.rec, Reason: e.poison, Attempts: 1, batchStart: start, decoding: true})
+		recs = append(recs, processor.Record{})
+		rec := &recs[len(recs)-1]
+		err := p.decode(rec, m)
+		if err == nil {
 			continue
 		}
-		msg.batch.Records = append(msg.batch.Records, e.rec)
+		if !errors.Is(err, ErrSkip) { // skipped: in the batch's offsets, not in its records
+			letters = append(letters, Letter{Record: *rec, Reason: err, Attempts: 1, batchStart: start, decoding: true})
+		}
+		*rec = processor.Record{}
+		recs = recs[:len(recs)-1]
 	}
+	msg.batch.Records = recs
 	if len(letters) > 0 {
 		// Durable in the DLQ before the batch's transaction begins: the
 		// retry actor waits for this delivery. Written before the batch in
