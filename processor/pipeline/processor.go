@@ -391,7 +391,15 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 	}
 	states := make([]*batchState, len(pls))
 	for i, pl := range pls {
-		states[i] = &batchState{pl: pl, upserts: map[string]int{}, rollups: map[string]int{}}
+		st := &batchState{pl: pl, rollups: map[string]int{}}
+		if pl.upsert != nil {
+			// A row per record at most: sized once, not grown by doubling
+			// through a batch of thousands.
+			st.upserts, st.uRows = make(map[string]int, len(b.Records)), make([]upsertRow, 0, len(b.Records))
+		} else {
+			st.upserts = map[string]int{}
+		}
+		states[i] = st
 	}
 	format := p.set.formats[b.Topic]
 	act := &recordActivation{} // each record's in turn
@@ -586,6 +594,30 @@ func (p *Processor) collect(st *batchState, rec *processor.Record, act interpret
 	return nil
 }
 
+// splitDeletes parts one rank's rows into upserts and deletes, each in
+// offset order. A rank without deletes (most) is its own upserts, not a
+// copy of them.
+func splitDeletes(rows []upsertRow) (ups, dels []upsertRow) {
+	nd := 0
+	for i := range rows {
+		if rows[i].delete {
+			nd++
+		}
+	}
+	if nd == 0 {
+		return rows, nil
+	}
+	ups, dels = make([]upsertRow, 0, len(rows)-nd), make([]upsertRow, 0, nd)
+	for _, r := range rows {
+		if r.delete {
+			dels = append(dels, r)
+		} else {
+			ups = append(ups, r)
+		}
+	}
+	return ups, dels
+}
+
 // putUpsert adds the next operation of its key. Every operation is kept,
 // not only the last of each key: each is written in turn (see write), so
 // PostgreSQL judges every version, whatever the batch.
@@ -737,14 +769,7 @@ func (p *Processor) write(ctx context.Context, tx pgx.Tx, st *batchState, now bo
 			for n < len(rows) && rows[n].rank == rows[0].rank {
 				n++
 			}
-			var ups, dels []upsertRow
-			for _, r := range rows[:n] {
-				if r.delete {
-					dels = append(dels, r)
-				} else {
-					ups = append(ups, r)
-				}
-			}
+			ups, dels := splitDeletes(rows[:n])
 			rows = rows[n:]
 			slices.SortFunc(dels, func(a, b upsertRow) int { return cmp.Compare(a.key, b.key) })
 			if len(dels) > 0 {
