@@ -12,12 +12,14 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
 
 	"ratchet/config"
 	"ratchet/engine"
 	"ratchet/internal/event"
 	"ratchet/internal/kafkaclient"
+	"ratchet/internal/metrics"
 	"ratchet/internal/produce"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
@@ -162,10 +164,13 @@ func (e *benchEnv) config(brokers []string, topic, group, mode string) config.Co
 
 // runningEngine is an in-process engine with its own metrics registry.
 type runningEngine struct {
-	reg    *prometheus.Registry
-	cancel context.CancelFunc
-	done   chan error
-	start  time.Time
+	reg *prometheus.Registry
+	// records is the engine's ratchet_records_total collector, found once
+	// it has a series (see recordsTotal).
+	records prometheus.Collector
+	cancel  context.CancelFunc
+	done    chan error
+	start   time.Time
 }
 
 func startEngine(ctx context.Context, cfg config.Config, proc processor.Processor, log *slog.Logger) *runningEngine {
@@ -213,6 +218,43 @@ func (e *runningEngine) counter(name string) float64 {
 	return sum
 }
 
+// recordsTotal is ratchet_records_total. Until the family has a series it
+// is read by gathering the registry; from then on from the engine's own
+// collector alone, found by registering an equal one (the registry answers
+// with the collector it holds). Gathering every family 200 times a second
+// cost the engine's process 2-4 % of its CPU in the drains of (l), work
+// that a scrape every few seconds never does, while the Poll loops count
+// with a plain integer.
+func (e *runningEngine) recordsTotal() float64 {
+	if e.records != nil {
+		ch := make(chan prometheus.Metric, 16)
+		go func() { // ends when Collect has sent every series
+			e.records.Collect(ch)
+			close(ch)
+		}()
+		var sum float64
+		for m := range ch {
+			var d dto.Metric
+			if m.Write(&d) == nil {
+				sum += d.GetCounter().GetValue()
+			}
+		}
+		return sum
+	}
+	n := e.counter("ratchet_records_total")
+	if n > 0 {
+		probe := metrics.New(prometheus.NewRegistry()).Records
+		var are prometheus.AlreadyRegisteredError
+		switch err := e.reg.Register(probe); {
+		case errors.As(err, &are):
+			e.records = are.ExistingCollector
+		case err == nil:
+			e.reg.Unregister(probe) // not the engine's: keep gathering
+		}
+	}
+	return n
+}
+
 // waitRecords waits until ratchet_records_total reaches n; it returns when
 // the first record and the n-th were seen, and the CPU in use between.
 func (e *runningEngine) waitRecords(ctx context.Context, n int64, timeout time.Duration, brokerPID int) (first, last time.Time, cpu cpuUse, err error) {
@@ -228,7 +270,7 @@ func (e *runningEngine) waitRecords(ctx context.Context, n int64, timeout time.D
 		case <-ctx.Done():
 			return first, last, cpu, ctx.Err()
 		case now := <-t.C:
-			got := int64(e.counter("ratchet_records_total"))
+			got := int64(e.recordsTotal())
 			if got > 0 && first.IsZero() {
 				first, cpu0 = now, sampleCPU(brokerPID)
 			}
