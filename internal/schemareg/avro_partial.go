@@ -2,6 +2,8 @@ package schemareg
 
 import (
 	"github.com/hamba/avro/v2"
+
+	"ratchet/internal/partial"
 )
 
 // avroPlan is how to decode one Avro record schema for one reads tree:
@@ -9,12 +11,17 @@ import (
 // or (a record read at some of its fields) follow a nested plan.
 type avroPlan struct {
 	fields []avroField
+	// names are the fields read, in written order: the decoded value is
+	// a partial.Fields of them.
+	names []string
+	index map[string]int
 }
 
 type avroField struct {
 	name string
 	typ  avro.Schema
 	read bool      // in the value: built whole unless sub is set
+	slot int       // of a read field, its index in names
 	sub  *avroPlan // a record read at some fields
 }
 
@@ -28,13 +35,15 @@ func newAvroPlan(rec *avro.RecordSchema, t *reads) *avroPlan {
 	for i, f := range rec.Fields() {
 		af := avroField{name: f.Name(), typ: f.Type()}
 		if k := t.kids[f.Name()]; k != nil {
-			af.read = true
+			af.read, af.slot = true, len(p.names)
+			p.names = append(p.names, f.Name())
 			if sub, ok := f.Type().(*avro.RecordSchema); ok && !k.whole {
 				af.sub = newAvroPlan(sub, k)
 			}
 		}
 		p.fields[i] = af
 	}
+	p.index = partial.Index(p.names)
 	return p
 }
 
@@ -53,7 +62,7 @@ func newAvroPlan(rec *avro.RecordSchema, t *reads) *avroPlan {
 // lengths, negative or oversized string lengths, enum and union indexes,
 // booleans other than 0 and 1, array sizes, truncation); hamba's own skip
 // decoders are laxer and are not used.
-func decodeAvroPartial(p *avroPlan, r *avro.Reader, payload []byte) (map[string]any, bool) {
+func decodeAvroPartial(p *avroPlan, r *avro.Reader, payload []byte) (*partial.Fields, bool) {
 	r.Reset(payload)
 	r.Error = nil
 	m := p.decode(r)
@@ -65,8 +74,8 @@ func decodeAvroPartial(p *avroPlan, r *avro.Reader, payload []byte) (map[string]
 }
 
 // decode reads one record; nil when it stopped at a refusal.
-func (p *avroPlan) decode(r *avro.Reader) map[string]any {
-	m := make(map[string]any, 4)
+func (p *avroPlan) decode(r *avro.Reader) *partial.Fields {
+	m := partial.New(p.names, p.index)
 	for i := range p.fields {
 		f := &p.fields[i]
 		switch {
@@ -79,13 +88,13 @@ func (p *avroPlan) decode(r *avro.Reader) map[string]any {
 			if v == nil {
 				return nil
 			}
-			m[f.name] = v
+			m.Vals[f.slot] = v
 		default:
 			v, ok := readAvro(r, f.typ)
 			if !ok {
 				return nil
 			}
-			m[f.name] = v
+			m.Vals[f.slot] = v
 		}
 		if r.Error != nil {
 			return nil

@@ -25,6 +25,9 @@ import (
 // time.Duration (Avro logical types, google.protobuf.Timestamp and
 // Duration), decimals float64, and an Avro union its branch's value. A
 // null record value (a tombstone) decodes to nothing and is not poison.
+// Told what the pipelines read (ReadOnly), it builds a record or message
+// read at some fields as a *partial.Fields of those fields instead of a
+// map: the same values, read through Get or partial.Plain.
 //
 // Lookups work as for Decoder (Missing, Resolve: an outage waits, an
 // unknown id is poison), which it embeds.

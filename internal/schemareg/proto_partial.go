@@ -9,6 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"ratchet/internal/partial"
 )
 
 // protoPlan is how to decode one message type for one reads tree. The
@@ -38,6 +40,10 @@ type protoPlan struct {
 	// wkt is set on the plan of a Timestamp or a Duration, whose value
 	// is made from its seconds and nanos (direct[0] and direct[1]).
 	wkt protoreflect.FullName
+	// names are the keys of the decoded value, a partial.Fields: direct,
+	// then collected, then nested fields, each in its list's order.
+	names []string
+	index map[string]int
 }
 
 type planField struct {
@@ -163,6 +169,16 @@ func planMessage(md protoreflect.MessageDescriptor, t *reads, seen map[protorefl
 			}
 		}
 	}
+	for _, fi := range p.direct {
+		p.names = append(p.names, fi.name)
+	}
+	for _, c := range p.collected {
+		p.names = append(p.names, string(c.fd.Name()))
+	}
+	for _, nf := range p.nested {
+		p.names = append(p.names, string(nf.fd.Name()))
+	}
+	p.index = partial.Index(p.names)
 	return p
 }
 
@@ -243,16 +259,17 @@ type nestedBody struct {
 // accept the payload (anything proto.Unmarshal might refuse, and some it
 // would not: invalid UTF-8 in any string, nesting deeper than
 // maxProtoDepth): the caller then runs the whole decode, which decides.
-func decodeProtoPartial(p *protoPlan, sc *protoScratch, payload []byte) (map[string]any, bool) {
+func decodeProtoPartial(p *protoPlan, sc *protoScratch, payload []byte) (*partial.Fields, bool) {
 	v, ok := p.decode(sc, payload, 1)
 	if !ok {
 		return nil, false
 	}
-	return v.(map[string]any), true
+	return v.(*partial.Fields), true
 }
 
-// decode decodes one message of p's type from b (at nesting depth):
-// a map, or for a Timestamp or Duration plan its time value.
+// decode decodes one message of p's type from b (at nesting depth): a
+// partial.Fields of p.names, or for a Timestamp or Duration plan its time
+// value.
 func (p *protoPlan) decode(sc *protoScratch, b []byte, depth int) (any, bool) {
 	var slotsBuf [8]protoSlot
 	slots := slotsBuf[:0]
@@ -339,28 +356,32 @@ func (p *protoPlan) decode(sc *protoScratch, b []byte, depth int) (any, bool) {
 		}
 		return time.Duration(sec)*time.Second + time.Duration(nanos), true
 	}
-	out := make(map[string]any, len(p.direct)+len(p.nested)+len(p.collected))
+	out := partial.New(p.names, p.index)
 	for i, fi := range p.direct {
 		if slots[i].set {
-			out[fi.name] = slots[i].v
+			out.Vals[i] = slots[i].v
 		} else {
-			out[fi.name] = fi.def // direct fields of proto3 have no presence
+			out.Vals[i] = fi.def // direct fields of proto3 have no presence
 		}
 	}
+	col := out.Vals[len(p.direct) : len(p.direct)+len(p.collected)]
 	if len(p.collected) > 0 {
 		m := dynamicpb.NewMessage(p.md)
 		if err := proto.Unmarshal(sc.buf, m); err != nil {
 			return nil, false
 		}
-		for _, c := range p.collected {
+		for j, c := range p.collected {
+			col[j] = partial.Absent
 			if v, ok := protoPartialField(m, c.fd, c.t); ok {
-				out[string(c.fd.Name())] = v
+				col[j] = v
 			}
 		}
 	}
+	nested := out.Vals[len(p.direct)+len(p.collected):]
 	for i, nf := range p.nested {
 		if !bodies[i].set {
-			continue // an unset message has no key
+			nested[i] = partial.Absent // an unset message has no key
+			continue
 		}
 		if depth >= maxProtoDepth {
 			return nil, false
@@ -369,7 +390,7 @@ func (p *protoPlan) decode(sc *protoScratch, b []byte, depth int) (any, bool) {
 		if !ok {
 			return nil, false
 		}
-		out[string(nf.fd.Name())] = v
+		nested[i] = v
 	}
 	return out, true
 }

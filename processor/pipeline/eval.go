@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"ratchet/internal/partial"
 	ratchetv1 "ratchet/messages/ratchet/v1"
 	"ratchet/processor"
 )
@@ -187,7 +188,7 @@ func (a *recordActivation) path(path []string) (ref.Val, bool) {
 	cur := a.value
 	for i, name := range path {
 		switch x := cur.(type) {
-		case map[string]any, *object:
+		case map[string]any, *object, *partial.Fields:
 			v, ok := field(x, name)
 			if !ok {
 				return nil, false
@@ -226,7 +227,7 @@ func (a *recordActivation) path(path []string) (ref.Val, bool) {
 		return types.Bool(x), true
 	case nil:
 		return types.NullValue, true
-	case map[string]any, []any, *object:
+	case map[string]any, []any, *object, *partial.Fields:
 		return nil, false // containers: the interpreter adapts them
 	}
 	return a.adapter.NativeToValue(cur), true

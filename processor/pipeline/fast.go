@@ -7,6 +7,8 @@ import (
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/interpreter"
+
+	"ratchet/internal/partial"
 )
 
 // form is an expression of a shape common in pipelines that is evaluated
@@ -248,8 +250,10 @@ func (e *expr) native(act interpreter.Activation, k wireKind) (any, bool) {
 	return cur, ok
 }
 
-// field is the value at key name of a decoded JSON or Avro map or a partly
-// decoded JSON object; false when the key is absent or v is neither.
+// field is the value at key name of a decoded JSON or Avro map, a partly
+// decoded JSON object, or an Avro record or protobuf message decoded at
+// some fields (partial.Fields); false when the key is absent or v is none
+// of them.
 func field(v any, name string) (any, bool) {
 	switch x := v.(type) {
 	case map[string]any:
@@ -257,6 +261,8 @@ func field(v any, name string) (any, bool) {
 		return f, ok
 	case *object:
 		return x.get(name)
+	case *partial.Fields:
+		return x.Get(name)
 	}
 	return nil, false
 }

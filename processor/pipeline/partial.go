@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"unicode/utf8"
 	"unsafe"
+
+	"ratchet/internal/partial"
 )
 
 // decodePartial decodes b as DecodeJSON does, but builds only what t
@@ -106,11 +108,12 @@ func (o *object) get(name string) (any, bool) {
 
 // plainValue is v with every *object in it made the map[string]any of its
 // keys (those the document has), as DecodeJSON's answer projected on the
-// field tree: what the CEL interpreter gets.
+// field tree, and an Avro or protobuf partial.Fields the map of its
+// fields (partial.Plain): what the CEL interpreter gets.
 func plainValue(v any) any {
 	o, ok := v.(*object)
 	if !ok {
-		return v
+		return partial.Plain(v) // the Avro and protobuf form, or v itself
 	}
 	m := make(map[string]any, len(o.vals))
 	for i, k := range o.t.order {
