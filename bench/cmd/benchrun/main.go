@@ -157,7 +157,10 @@ func run(ctx context.Context) error {
 	flag.IntVar(&o.killCycles, "kill-cycles", 3, "kill -9 and restart cycles per contestant (k)")
 	flag.Float64Var(&o.killRate, "kill-rate", 1000, "events/s produced while the (k) workers are killed and restarted")
 	flag.BoolVar(&o.onlyPGRate, "only-pg-rate", false, "run the PostgreSQL-rate section (l) alone on -pg-rate-records orders per format (the table then has its rows only)")
-	flag.Int64Var(&o.pgRateRecords, "pg-rate-records", 200_000, "orders per format of the PostgreSQL-rate section (l)")
+	// 400,000: at 200,000 a drain lasts about a second, and PostgreSQL's
+	// share of it was up to a third start-up work (sixteen backends
+	// forked, authenticated, their caches and functions loaded), not rows.
+	flag.Int64Var(&o.pgRateRecords, "pg-rate-records", 400_000, "orders per format of the PostgreSQL-rate section (l)")
 	flag.BoolVar(&o.pgRatePin, "pg-rate-pin", true, "run section (l) a second time with PostgreSQL pinned to CPU 0 and the client and broker to the other CPUs (needs root and 2+ CPUs; skipped with a note otherwise)")
 	flag.StringVar(&o.pgRateTx, "pg-rate-tx", "", "rows per transaction at which (l) runs its direct JSON upsert loop once more, e.g. 500,2000,5000 (empty: none)")
 	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (j)")
