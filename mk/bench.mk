@@ -7,7 +7,7 @@
 # -only-exec-mode with BENCH_EVENTS=200000: the query exec mode section alone;
 # -only-pipelines with BENCH_EVENTS=300000: the configured-pipelines section alone;
 # -only-append -pipeline-orders 200000: the append section (j2) alone;
-# -only-pg-rate -pg-rate-records 200000: the section against PostgreSQL's own
+# -only-pg-rate (400000 orders per format; -pg-rate-records sets another): the section against PostgreSQL's own
 #   rate (l) alone (upserts against a direct pgx loop, rollups against a Poll
 #   loop), then again with PostgreSQL pinned to CPU 0 (-pg-rate-pin=false:
 #   not); -pg-rate-tx 500,2000,5000 adds one direct upsert run at each of
