@@ -102,15 +102,16 @@ func (r pgRun) brokerPer100k() float64 {
 	return r.CPU.broker * r.Steady.Seconds() / float64(r.Events) * 1e5
 }
 
-// upsertBudget is the CPU-seconds per 100,000 records that an upsert
-// pipeline may take and still reach 0.8 of the direct loop's rate on
-// cpus cores kept busy: the cores' time at that rate, less what
-// PostgreSQL and the broker took per record in the pipeline's own run.
-func upsertBudget(cpus int, pipeline, direct pgRun) float64 {
-	if direct.Rate() <= 0 {
+// cpuBudget is the CPU-seconds per 100,000 records that a pipeline may
+// take and still reach 0.8 of its baseline's rate (the direct loop's for
+// an upsert, the Poll loop's for a rollup) on cpus cores kept busy: the
+// cores' time at that rate, less what PostgreSQL and the broker took per
+// record in the pipeline's own run.
+func cpuBudget(cpus int, pipeline, baseline pgRun) float64 {
+	if baseline.Rate() <= 0 {
 		return 0
 	}
-	return float64(cpus)*1e5/(0.8*direct.Rate()) - pipeline.pgPer100k() - pipeline.brokerPer100k()
+	return float64(cpus)*1e5/(0.8*baseline.Rate()) - pipeline.pgPer100k() - pipeline.brokerPer100k()
 }
 
 // pgPer100k is the CPU-seconds of PostgreSQL per 100,000 records.
@@ -770,13 +771,25 @@ func (s *pgRateReport) rows(row func(cells ...string)) {
 		// budget, no consumer of this client meets 0.8 here.
 		for _, f := range pgRateRollupFormats {
 			rs, v := s.series(func(x pgRateRound) float64 {
-				return upsertBudget(runtime.NumCPU(), x.upsert[f].ratchet, x.upsert[f].base)
+				return cpuBudget(runtime.NumCPU(), x.upsert[f].ratchet, x.upsert[f].base)
 			}, "%.2f")
 			_, poll := s.series(func(x pgRateRound) float64 { return x.rollup[f].base.ratchetPer100k() }, "%.2f")
 			_, own := s.series(func(x pgRateRound) float64 { return x.upsert[f].base.ratchetPer100k() }, "%.2f")
 			_, rat := s.series(func(x pgRateRound) float64 { return x.upsert[f].ratchet.ratchetPer100k() }, "%.2f")
 			row(fmt.Sprintf(l+" CPU-s per 100k the %s upsert pipeline may take to reach 0.8 of the direct loop on %d busy cores (cores at that rate, less PostgreSQL's and the broker's in its runs)", names[f], runtime.NumCPU()),
 				fmt.Sprintf("%.2f (rounds: %s); the bare Poll loop decoding two fields %.2f + the direct loop's own writing %.2f = %.2f; ratchet %.2f", v, rs, poll, own, poll+own, rat), "reported", "")
+		}
+		// A rollup writes little: its baseline is the Poll loop itself,
+		// and what the cores leave beyond that loop's own CPU is what
+		// batching, aggregating, transactions and offsets may take.
+		for _, f := range pgRateRollupFormats {
+			rs, v := s.series(func(x pgRateRound) float64 {
+				return cpuBudget(runtime.NumCPU(), x.rollup[f].ratchet, x.rollup[f].base)
+			}, "%.2f")
+			_, poll := s.series(func(x pgRateRound) float64 { return x.rollup[f].base.ratchetPer100k() }, "%.2f")
+			_, rat := s.series(func(x pgRateRound) float64 { return x.rollup[f].ratchet.ratchetPer100k() }, "%.2f")
+			row(fmt.Sprintf(l+" CPU-s per 100k the %s rollup pipeline may take to reach 0.8 of the Poll loop on %d busy cores (cores at that rate, less PostgreSQL's and the broker's in its runs)", names[f], runtime.NumCPU()),
+				fmt.Sprintf("%.2f (rounds: %s); the bare Poll loop itself %.2f, leaving %.2f for everything past reading and decoding two fields; ratchet %.2f", v, rs, poll, v-poll, rat), "reported", "")
 		}
 	}
 	for i, size := range s.txSizes {
@@ -800,7 +813,7 @@ func (s *pgRateReport) method() string {
 		}
 		txs = fmt.Sprintf(" After the rounds the direct JSON loop runs once more at each of %s rows per transaction (`-pg-rate-tx`), its rate only.", strings.Join(parts, ", "))
 	}
-	return fmt.Sprintf("- Against PostgreSQL's own rate (l): %d orders in each of JSON, Avro (registry wire format) and Protobuf (registry wire format, message index [0]; a stub registry serves both schemas), ten fields of which two are nested records (`customer{id,country,tier}`, `shipping{city,zip}`), order i to partition i %% 12 with key `o<i>` (distinct keys). %d rounds; in each, per format: an exactly-once drain (fresh group, records/s from the first record applied to the last) of an upsert pipeline writing the key (`value.id`) and four columns (`status`, `amount`, `customer.id`, `int(items)`) into its table, truncated first, and a direct loop writing the same rows (read back from the first drain, by partition, in offset order) with `INSERT … SELECT FROM unnest($1::text[], …) ON CONFLICT (order_id) DO UPDATE SET …`: one writer per partition (12), a pool of the engine's default size (%d), %d rows per transaction (`processing.batch_size`), each chunk its own transaction; then a rollup pipeline (count and sum of `amount` by `status` and minute of `record.timestamp`) on the JSON and Avro orders, checked by `sum(count)`, against a bare confluent-kafka-go `Poll` loop (ratchet's consumer settings, all 12 partitions assigned from the start, no commits) that decodes `status` and `amount` of every record (valyala/fastjson for JSON, hamba/avro into a two-field struct for Avro) and sums amounts per status. The pipeline goes first in odd rounds, the baseline in even ones; medians reported.%s CPU-seconds per 100,000 records: ratchet's is this process's user + system time (`/proc/self/stat`, the in-process engine with librdkafka's threads; for the direct loop the loop's) between the first record and the last; PostgreSQL's is the user + system time (`/proc/<pid>/stat` fields 14 and 15) of the backends serving the bench database: processes named `postgres` whose command line (which the server sets to `postgres: <cluster>: <user> <database> <client> <state>`) names the database, found by walking `/proc` every 250 ms from the run's start to its end (the walk runs in this process, so its cost is in ratchet's and the loop's figure); the WAL writer, checkpointer and background writer, shared by every database on the server, are left out. The log (`bench.log`) also gives the whole server's figure (every postmaster with its reaped children's `cutime` + `cstime` and its live children), which counts the other databases' work on the machine. Before each timed run that writes, a `CHECKPOINT` writes out what earlier runs left dirty, so no run pays for another's pages or meets a checkpoint that max_wal_size sets off. The budget rows (JSON and Avro, unpinned): on cores kept busy, an upsert pipeline at 0.8 of the direct loop's rate has the cores' time at that rate per record, less what PostgreSQL and the broker take per record in its own runs; set beside it, the bare Poll loop's CPU on the same records (reading and decoding two fields) and the direct loop's own (building and sending the rows), which any consumer that writes these rows pays at least.\n",
+	return fmt.Sprintf("- Against PostgreSQL's own rate (l): %d orders in each of JSON, Avro (registry wire format) and Protobuf (registry wire format, message index [0]; a stub registry serves both schemas), ten fields of which two are nested records (`customer{id,country,tier}`, `shipping{city,zip}`), order i to partition i %% 12 with key `o<i>` (distinct keys). %d rounds; in each, per format: an exactly-once drain (fresh group, records/s from the first record applied to the last) of an upsert pipeline writing the key (`value.id`) and four columns (`status`, `amount`, `customer.id`, `int(items)`) into its table, truncated first, and a direct loop writing the same rows (read back from the first drain, by partition, in offset order) with `INSERT … SELECT FROM unnest($1::text[], …) ON CONFLICT (order_id) DO UPDATE SET …`: one writer per partition (12), a pool of the engine's default size (%d), %d rows per transaction (`processing.batch_size`), each chunk its own transaction; then a rollup pipeline (count and sum of `amount` by `status` and minute of `record.timestamp`) on the JSON and Avro orders, checked by `sum(count)`, against a bare confluent-kafka-go `Poll` loop (ratchet's consumer settings, all 12 partitions assigned from the start, no commits) that decodes `status` and `amount` of every record (valyala/fastjson for JSON, hamba/avro into a two-field struct for Avro) and sums amounts per status. The pipeline goes first in odd rounds, the baseline in even ones; medians reported.%s CPU-seconds per 100,000 records: ratchet's is this process's user + system time (`/proc/self/stat`, the in-process engine with librdkafka's threads; for the direct loop the loop's) between the first record and the last; PostgreSQL's is the user + system time (`/proc/<pid>/stat` fields 14 and 15) of the backends serving the bench database: processes named `postgres` whose command line (which the server sets to `postgres: <cluster>: <user> <database> <client> <state>`) names the database, found by walking `/proc` every 250 ms from the run's start to its end (the walk runs in this process, so its cost is in ratchet's and the loop's figure); the WAL writer, checkpointer and background writer, shared by every database on the server, are left out. The log (`bench.log`) also gives the whole server's figure (every postmaster with its reaped children's `cutime` + `cstime` and its live children), which counts the other databases' work on the machine. Before each timed run that writes, a `CHECKPOINT` writes out what earlier runs left dirty, so no run pays for another's pages or meets a checkpoint that max_wal_size sets off. The budget rows (JSON and Avro, unpinned): on cores kept busy, an upsert pipeline at 0.8 of the direct loop's rate has the cores' time at that rate per record, less what PostgreSQL and the broker take per record in its own runs; set beside it, the bare Poll loop's CPU on the same records (reading and decoding two fields) and the direct loop's own (building and sending the rows), which any consumer that writes these rows pays at least; for a rollup the same against 0.8 of the Poll loop's rate, beside that loop's own CPU, so that what is left is what batching, aggregating, transactions and offsets may take.\n",
 		s.records, len(s.rounds), s.conns, s.perTx, txs)
 }
 

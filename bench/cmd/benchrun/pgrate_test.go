@@ -40,16 +40,16 @@ func TestSumPostgresCountsAnEndedBackendOnce(t *testing.T) {
 	}
 }
 
-// TestUpsertBudgetIsWhatTheCoresLeave: at 0.8 of a direct rate of 250k
+// TestCPUBudgetIsWhatTheCoresLeave: at 0.8 of a direct rate of 250k
 // rows/s two busy cores give 1.0 CPU-s per 100k records; PostgreSQL's 0.5
 // and the broker's 0.05 in the pipeline's run leave 0.45.
-func TestUpsertBudgetIsWhatTheCoresLeave(t *testing.T) {
+func TestCPUBudgetIsWhatTheCoresLeave(t *testing.T) {
 	direct := pgRun{drainResult: drainResult{Events: 250_000, Steady: time.Second}}
 	pipeline := pgRun{drainResult: drainResult{Events: 200_000, Steady: time.Second, CPU: cpuUse{broker: 0.1}}, pgCPU: 1.0}
-	if got := upsertBudget(2, pipeline, direct); math.Abs(got-0.45) > 1e-9 {
+	if got := cpuBudget(2, pipeline, direct); math.Abs(got-0.45) > 1e-9 {
 		t.Fatalf("budget %.4f, want 0.45", got)
 	}
-	if got := upsertBudget(2, pipeline, pgRun{}); got != 0 {
+	if got := cpuBudget(2, pipeline, pgRun{}); got != 0 {
 		t.Fatalf("budget without a direct rate %.4f, want 0", got)
 	}
 }
