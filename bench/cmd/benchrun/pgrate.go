@@ -768,26 +768,25 @@ func (s *pgRateReport) rows(row func(cells ...string)) {
 	if !s.pinned {
 		// What the machine leaves: where a bare Poll loop that decodes two
 		// fields, with the direct loop's own writing, already takes the
-		// budget, no consumer of this client meets 0.8 here.
+		// budget, no consumer of this client meets 0.8 here. A rollup
+		// writes little: its baseline is the Poll loop itself, and what
+		// the cores leave beyond that loop's own CPU is what batching,
+		// aggregating, transactions and offsets may take.
+		median := func(get func(pgRateRound) float64) float64 { _, v := s.series(get, "%.2f"); return v }
 		for _, f := range pgRateRollupFormats {
-			rs, v := s.series(func(x pgRateRound) float64 {
-				return cpuBudget(runtime.NumCPU(), x.upsert[f].ratchet, x.upsert[f].base)
-			}, "%.2f")
-			_, poll := s.series(func(x pgRateRound) float64 { return x.rollup[f].base.ratchetPer100k() }, "%.2f")
-			_, own := s.series(func(x pgRateRound) float64 { return x.upsert[f].base.ratchetPer100k() }, "%.2f")
-			_, rat := s.series(func(x pgRateRound) float64 { return x.upsert[f].ratchet.ratchetPer100k() }, "%.2f")
+			up := func(x pgRateRound) pgRatePair { return x.upsert[f] }
+			rs, v := s.series(func(x pgRateRound) float64 { return cpuBudget(runtime.NumCPU(), up(x).ratchet, up(x).base) }, "%.2f")
+			poll := median(func(x pgRateRound) float64 { return x.rollup[f].base.ratchetPer100k() })
+			own := median(func(x pgRateRound) float64 { return up(x).base.ratchetPer100k() })
+			rat := median(func(x pgRateRound) float64 { return up(x).ratchet.ratchetPer100k() })
 			row(fmt.Sprintf(l+" CPU-s per 100k the %s upsert pipeline may take to reach 0.8 of the direct loop on %d busy cores (cores at that rate, less PostgreSQL's and the broker's in its runs)", names[f], runtime.NumCPU()),
 				fmt.Sprintf("%.2f (rounds: %s); the bare Poll loop decoding two fields %.2f + the direct loop's own writing %.2f = %.2f; ratchet %.2f", v, rs, poll, own, poll+own, rat), "reported", "")
 		}
-		// A rollup writes little: its baseline is the Poll loop itself,
-		// and what the cores leave beyond that loop's own CPU is what
-		// batching, aggregating, transactions and offsets may take.
 		for _, f := range pgRateRollupFormats {
-			rs, v := s.series(func(x pgRateRound) float64 {
-				return cpuBudget(runtime.NumCPU(), x.rollup[f].ratchet, x.rollup[f].base)
-			}, "%.2f")
-			_, poll := s.series(func(x pgRateRound) float64 { return x.rollup[f].base.ratchetPer100k() }, "%.2f")
-			_, rat := s.series(func(x pgRateRound) float64 { return x.rollup[f].ratchet.ratchetPer100k() }, "%.2f")
+			ro := func(x pgRateRound) pgRatePair { return x.rollup[f] }
+			rs, v := s.series(func(x pgRateRound) float64 { return cpuBudget(runtime.NumCPU(), ro(x).ratchet, ro(x).base) }, "%.2f")
+			poll := median(func(x pgRateRound) float64 { return ro(x).base.ratchetPer100k() })
+			rat := median(func(x pgRateRound) float64 { return ro(x).ratchet.ratchetPer100k() })
 			row(fmt.Sprintf(l+" CPU-s per 100k the %s rollup pipeline may take to reach 0.8 of the Poll loop on %d busy cores (cores at that rate, less PostgreSQL's and the broker's in its runs)", names[f], runtime.NumCPU()),
 				fmt.Sprintf("%.2f (rounds: %s); the bare Poll loop itself %.2f, leaving %.2f for everything past reading and decoding two fields; ratchet %.2f", v, rs, poll, v-poll, rat), "reported", "")
 		}

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"math"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -51,5 +54,48 @@ func TestCPUBudgetIsWhatTheCoresLeave(t *testing.T) {
 	}
 	if got := cpuBudget(2, pipeline, pgRun{}); got != 0 {
 		t.Fatalf("budget without a direct rate %.4f, want 0", got)
+	}
+}
+
+// TestBudgetRowsOfUpsertsAndRollups: unpinned, the section reports for
+// each format the budget of its upsert against the direct loop and of its
+// rollup against the Poll loop, the latter beside the Poll loop's own CPU
+// and what is left past it.
+func TestBudgetRowsOfUpsertsAndRollups(t *testing.T) {
+	run := func(rate, cores, pgCPU float64) pgRun {
+		steady := time.Duration(float64(time.Second) * 400_000 / rate)
+		return pgRun{drainResult: drainResult{Events: 400_000, Steady: steady, CPU: cpuUse{self: cores}}, pgCPU: pgCPU}
+	}
+	round := pgRateRound{upsert: map[string]pgRatePair{}, rollup: map[string]pgRatePair{}}
+	for _, f := range pgRateUpsertFormats {
+		round.upsert[f] = pgRatePair{ratchet: run(120_000, 0.7, 3), base: run(150_000, 0.3, 3.6)}
+	}
+	for _, f := range pgRateRollupFormats {
+		round.rollup[f] = pgRatePair{ratchet: run(300_000, 1.2, 0.4), base: run(500_000, 1.25, 0)}
+	}
+	s := &pgRateReport{records: 400_000, rounds: []pgRateRound{round}}
+	var rows [][]string
+	s.rows(func(cells ...string) { rows = append(rows, cells) })
+	rollup := round.rollup["avro"]
+	budget := cpuBudget(runtime.NumCPU(), rollup.ratchet, rollup.base)
+	poll := rollup.base.ratchetPer100k()
+	want := fmt.Sprintf("%.2f (rounds: %.2f); the bare Poll loop itself %.2f, leaving %.2f for everything past reading and decoding two fields; ratchet %.2f",
+		budget, budget, poll, budget-poll, rollup.ratchet.ratchetPer100k())
+	var upserts, rollups int
+	for _, r := range rows {
+		switch {
+		case strings.Contains(r[0], "upsert pipeline may take"):
+			upserts++
+		case strings.Contains(r[0], "Avro rollup pipeline may take"):
+			rollups++
+			if r[1] != want {
+				t.Fatalf("Avro rollup budget row:\n%s\nwant\n%s", r[1], want)
+			}
+		case strings.Contains(r[0], "rollup pipeline may take"):
+			rollups++
+		}
+	}
+	if upserts != len(pgRateRollupFormats) || rollups != len(pgRateRollupFormats) {
+		t.Fatalf("%d upsert and %d rollup budget rows, want %d of each", upserts, rollups, len(pgRateRollupFormats))
 	}
 }
