@@ -7,16 +7,16 @@ package partial
 // fields: Vals[i] is the value of Names[i], or Absent when the value has
 // none (an unset protobuf message field). It stands for the
 // map[string]any of those fields that the whole decode gives, and reads
-// the same (Get, Plain), without the map's table of eight slots and its
-// hash of each key; carved from a Slab, it costs no allocation of its
-// own.
+// the same (Get, Plain), at one allocation for up to four fields where the
+// map costs a table of eight slots and a hash a key.
 type Fields struct {
 	// Names are the field names of the plan that decoded the value,
 	// shared by every value it decodes.
 	Names []string
 	Vals  []any
 	// index finds a name among many (the plan's, shared); nil for a few.
-	index map[string]int
+	index  map[string]int
+	inline [4]any
 }
 
 type absentField struct{}
@@ -37,55 +37,14 @@ func Index(names []string) map[string]int {
 	return m
 }
 
-// New returns Fields of names (index is Index(names)), every value nil,
-// allocated on their own.
+// New returns Fields of names (index is Index(names)), every value nil.
 func New(names []string, index map[string]int) *Fields {
-	return (*Slab)(nil).Fields(names, index)
-}
-
-// Slab carves Fields and value slices out of shared chunks, so that the
-// values a partition decodes cost an allocation a chunk rather than one
-// or two each, and no table or inline room they do not use. A chunk lives
-// while any value carved from it does: a partition applies and drops its
-// records in order, so its chunks are dropped in order too. Slots are
-// never handed out twice. A Slab is for one goroutine (a partition's
-// decoder); the nil *Slab allocates every value on its own.
-type Slab struct {
-	fields []Fields
-	vals   []any
-}
-
-const (
-	fieldsChunk = 64  // Fields a chunk: 3.5 KiB
-	valsChunk   = 256 // values a chunk: 4 KiB
-)
-
-// Vals returns n nil values.
-func (s *Slab) Vals(n int) []any {
-	if s == nil || n > valsChunk/4 {
-		return make([]any, n) // a wide value has a slice of its own
-	}
-	if len(s.vals) < n {
-		s.vals = make([]any, valsChunk)
-	}
-	v := s.vals[:n:n]
-	s.vals = s.vals[n:]
-	return v
-}
-
-// Fields returns Fields of names (index is Index(names)), every value nil.
-func (s *Slab) Fields(names []string, index map[string]int) *Fields {
-	var f *Fields
-	if s == nil {
-		f = &Fields{}
+	f := &Fields{Names: names, index: index}
+	if len(names) <= len(f.inline) {
+		f.Vals = f.inline[:len(names)]
 	} else {
-		if len(s.fields) == 0 {
-			s.fields = make([]Fields, fieldsChunk)
-		}
-		f = &s.fields[0]
-		s.fields = s.fields[1:]
+		f.Vals = make([]any, len(names))
 	}
-	f.Names, f.index, f.Vals = names, index, s.Vals(len(names))
 	return f
 }
 

@@ -25,7 +25,7 @@ import (
 // framing question, a document deeper than that) it hands b to DecodeJSON
 // and returns its result, so a record is refused with the same reason
 // whichever decoder runs.
-func decodePartial(b []byte, framed bool, t *fieldTree, objs *objects) (any, error) {
+func decodePartial(b []byte, framed bool, t *fieldTree) (any, error) {
 	doc := b
 	if len(doc) > 0 && doc[0] == 0 {
 		if !framed || len(doc) < 5 {
@@ -33,7 +33,7 @@ func decodePartial(b []byte, framed bool, t *fieldTree, objs *objects) (any, err
 		}
 		doc = doc[5:]
 	}
-	s := scanner{b: doc, objects: objs}
+	s := scanner{b: doc}
 	s.space()
 	if t == nil || t.whole || s.i >= len(s.b) || s.b[s.i] != '{' {
 		return DecodeJSON(b, framed)
@@ -56,10 +56,9 @@ const maxPartialDepth = 1000
 // scanner walks one JSON document; every method returns false at the
 // first byte encoding/json would refuse (or decodePartial leaves to it).
 type scanner struct {
-	b       []byte
-	i       int
-	depth   int
-	objects *objects // where objects are carved from; nil: allocated each
+	b     []byte
+	i     int
+	depth int
 }
 
 // space skips JSON whitespace.
@@ -85,29 +84,9 @@ func (s *scanner) space() {
 type object struct {
 	t    *fieldTree
 	vals []any
-}
-
-// objects carves a partition's objects and their values out of chunks,
-// as partial.Slab does Avro's and protobuf's records: an object costs no
-// allocation of its own. For one goroutine (the partition's decoder); the
-// nil *objects allocates each object on its own.
-type objects struct {
-	free []object
-	vals partial.Slab
-}
-
-// object returns an object of t, its values nil.
-func (s *objects) object(t *fieldTree) *object {
-	if s == nil {
-		return &object{t: t, vals: make([]any, len(t.order))}
-	}
-	if len(s.free) == 0 {
-		s.free = make([]object, 128) // 4 KiB
-	}
-	o := &s.free[0]
-	s.free = s.free[1:]
-	o.t, o.vals = t, s.vals.Vals(len(t.order))
-	return o
+	// inline holds vals for a node read at up to len(inline) keys, most
+	// of them, so that the object and its values are one allocation.
+	inline [4]any
 }
 
 // absentKey is the value of a key an object's document lacks.
@@ -151,7 +130,12 @@ func (s *scanner) object(t *fieldTree) (*object, bool) {
 		return nil, false
 	}
 	s.i++ // '{'
-	m := s.objects.object(t)
+	m := &object{t: t}
+	if len(t.order) <= len(m.inline) {
+		m.vals = m.inline[:len(t.order)]
+	} else {
+		m.vals = make([]any, len(t.order))
+	}
 	for i := range m.vals {
 		m.vals[i] = absent
 	}

@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"ratchet/processor"
 )
 
 // treeOf is the field tree that reads paths ("a.b"; "" is all of value).
@@ -61,7 +59,7 @@ func project(v any, t *fieldTree) any {
 func checkPartial(t testing.TB, b []byte, framed bool, tree *fieldTree) {
 	t.Helper()
 	full, ferr := DecodeJSON(b, framed)
-	part, perr := decodePartial(b, framed, tree, &objects{})
+	part, perr := decodePartial(b, framed, tree)
 	switch {
 	case ferr != nil && perr == nil:
 		t.Fatalf("%q %q: partial accepts %#v, the full decoder refuses: %v", b, tree.paths(), part, ferr)
@@ -279,7 +277,7 @@ func TestDecodePartialDepth(t *testing.T) {
 	}
 	// Past encoding/json's bound the reason is its own.
 	doc := `{"a":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`
-	if _, err := decodePartial([]byte(doc), false, treeOf("b"), nil); err == nil || !strings.Contains(err.Error(), "exceeded max depth") {
+	if _, err := decodePartial([]byte(doc), false, treeOf("b")); err == nil || !strings.Contains(err.Error(), "exceeded max depth") {
 		t.Errorf("a document 10002 levels deep: %v, want the full decoder's depth refusal", err)
 	}
 }
@@ -301,34 +299,4 @@ func FuzzDecodePartial(f *testing.F) {
 			t.Fatalf("%q: the scanner accepts it: %v; strictly valid: %v", b, scans(b), strictlyValid(b))
 		}
 	})
-}
-
-// TestAPartitionsDecodedObjectsStayTheirs: one decoder (a partition's)
-// carves every record's objects from shared chunks; records decoded later
-// never change what an earlier record decoded to, across many chunks, with
-// objects of every width and documents the partial decoder leaves to
-// DecodeJSON in between.
-func TestAPartitionsDecodedObjectsStayTheirs(t *testing.T) {
-	tree := treeOf("id", "status", "amount", "customer.id", "items", "a.b.c.d.e.f")
-	d := JSONDecoder{reads: tree, objects: &objects{}}
-	recs := make([]processor.Record, 3000)
-	for i := range recs {
-		doc := fmt.Sprintf(`{"id":"o%d","status":"s%d","amount":%d.5,"customer":{"id":"c%d","tier":"gold"},"items":%d,"a":{"b":{"c":{"d":{"e":{"f":%d}}}}}}`, i, i%7, i, i, i%9, i)
-		if i%10 == 3 {
-			doc = fmt.Sprintf(`{"id":"o%d","id":"dup%d"}`, i, i) // a duplicate key: handled as DecodeJSON does
-		}
-		recs[i] = processor.Record{Value: []byte(doc)}
-		if err := d.DecodeRecord(&recs[i]); err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-	}
-	for i := range recs {
-		full, err := DecodeJSON(recs[i].Value, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, want := project(plainValue(recs[i].Decoded), tree), project(full, tree); !reflect.DeepEqual(got, want) {
-			t.Fatalf("record %d after 3000 decodes: %#v, want %#v", i, got, want)
-		}
-	}
 }

@@ -83,7 +83,7 @@ func TestFieldTreeReads(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				part, err := decodePartial([]byte(doc), false, tree, nil)
+				part, err := decodePartial([]byte(doc), false, tree)
 				if err != nil {
 					t.Fatal(err)
 				}
