@@ -3,20 +3,22 @@
 // pipelines read.
 package partial
 
+import "weak"
+
 // Fields is an Avro record or a protobuf message decoded at some of its
 // fields: Vals[i] is the value of Names[i], or Absent when the value has
 // none (an unset protobuf message field). It stands for the
 // map[string]any of those fields that the whole decode gives, and reads
-// the same (Get, Plain), at one allocation for up to four fields where the
-// map costs a table of eight slots and a hash a key.
+// the same (Get, Plain), without the map's table of eight slots and its
+// hash of each key; carved from a Slab, it costs no allocation of its
+// own.
 type Fields struct {
 	// Names are the field names of the plan that decoded the value,
 	// shared by every value it decodes.
 	Names []string
 	Vals  []any
 	// index finds a name among many (the plan's, shared); nil for a few.
-	index  map[string]int
-	inline [4]any
+	index map[string]int
 }
 
 type absentField struct{}
@@ -37,14 +39,63 @@ func Index(names []string) map[string]int {
 	return m
 }
 
-// New returns Fields of names (index is Index(names)), every value nil.
+// New returns Fields of names (index is Index(names)), every value nil,
+// allocated on their own.
 func New(names []string, index map[string]int) *Fields {
-	f := &Fields{Names: names, index: index}
-	if len(names) <= len(f.inline) {
-		f.Vals = f.inline[:len(names)]
-	} else {
-		f.Vals = make([]any, len(names))
+	return (*Slab)(nil).Fields(names, index)
+}
+
+// Slab carves Fields and value slices out of shared chunks, so that the
+// values a partition decodes cost an allocation a chunk rather than one
+// or two each, and no table or inline room they do not use. Slots are
+// never handed out twice. The Slab holds its current chunks only weakly:
+// a chunk lives while a value carved from it does, and not for the Slab's
+// sake, so a partition whose records are applied and dropped keeps none
+// of their values (a JSON string shares its record's bytes; an idle
+// partition must not hold them). A Slab is for one goroutine (a
+// partition's decoder); the nil *Slab allocates every value on its own.
+type Slab struct {
+	fields  weak.Pointer[[fieldsChunk]Fields]
+	nFields int // of the current fields chunk, the slots handed out
+	vals    weak.Pointer[[valsChunk]any]
+	nVals   int
+}
+
+const (
+	fieldsChunk = 64  // Fields a chunk: 3.5 KiB
+	valsChunk   = 256 // values a chunk: 4 KiB
+)
+
+// Vals returns n nil values.
+func (s *Slab) Vals(n int) []any {
+	if s == nil || n > valsChunk/4 {
+		return make([]any, n) // a wide value has a slice of its own
 	}
+	c := s.vals.Value()
+	if c == nil || s.nVals+n > valsChunk {
+		c = new([valsChunk]any) // the last one is full, or no value of it is left
+		s.vals, s.nVals = weak.Make(c), 0
+	}
+	v := c[s.nVals : s.nVals+n : s.nVals+n]
+	s.nVals += n
+	return v
+}
+
+// Fields returns Fields of names (index is Index(names)), every value nil.
+func (s *Slab) Fields(names []string, index map[string]int) *Fields {
+	var f *Fields
+	if s == nil {
+		f = &Fields{}
+	} else {
+		c := s.fields.Value()
+		if c == nil || s.nFields == fieldsChunk {
+			c = new([fieldsChunk]Fields)
+			s.fields, s.nFields = weak.Make(c), 0
+		}
+		f = &c[s.nFields]
+		s.nFields++
+	}
+	f.Names, f.index, f.Vals = names, index, s.Vals(len(names))
 	return f
 }
 

@@ -3,7 +3,10 @@ package partial
 import (
 	"fmt"
 	"reflect"
+	"runtime"
 	"testing"
+	"time"
+	"unsafe"
 )
 
 // TestFieldsReadAsTheirMap: Get and Plain give what the map of the fields
@@ -55,12 +58,63 @@ func TestFieldsReadAsTheirMap(t *testing.T) {
 	}
 }
 
-// TestFieldsOfFewNamesAreOneAllocation: the point of the type.
-func TestFieldsOfFewNamesAreOneAllocation(t *testing.T) {
+// TestSlabCarvesWithoutAnAllocationEach: the point of the Slab. Values
+// carved from it never share a slot, and a nil Slab still works.
+func TestSlabCarvesWithoutAnAllocationEach(t *testing.T) {
 	names := []string{"status", "amount"}
-	var f *Fields
-	if n := testing.AllocsPerRun(100, func() { f = New(names, nil) }); n != 1 {
-		t.Fatalf("New of two names: %v allocations, want 1", n)
+	s := &Slab{}
+	var fs []*Fields
+	allocs := testing.AllocsPerRun(1000, func() { fs = append(fs[:0], s.Fields(names, nil)) })
+	if allocs > 0.1 {
+		t.Fatalf("Slab.Fields of two names: %v allocations each, want a chunk's share (< 0.1)", allocs)
 	}
-	_ = f
+	seen := map[*any]bool{}
+	for range 500 {
+		f := s.Fields(names, nil)
+		for i := range f.Vals {
+			if seen[&f.Vals[i]] {
+				t.Fatal("a value slot was handed out twice")
+			}
+			seen[&f.Vals[i]] = true
+		}
+		if cap(f.Vals) != len(names) {
+			t.Fatalf("Vals has room past its fields: cap %d", cap(f.Vals))
+		}
+	}
+	wide := make([]string, 100)
+	if f := s.Fields(wide, Index(wide)); len(f.Vals) != 100 {
+		t.Fatalf("a wide record has %d values", len(f.Vals))
+	}
+	var nilSlab *Slab
+	if f := nilSlab.Fields(names, nil); len(f.Vals) != 2 {
+		t.Fatalf("the nil Slab gave %d values", len(f.Vals))
+	}
+}
+
+// TestSlabKeepsNothingOfDroppedValues: once the values carved from a Slab
+// are dropped, what they pointed at is collected; the Slab, still in use,
+// does not keep its chunks' old values alive (an idle partition holds
+// none of the records it applied), and carves on afterwards.
+func TestSlabKeepsNothingOfDroppedValues(t *testing.T) {
+	s := &Slab{}
+	collected := make(chan struct{}, 1)
+	func() {
+		doc := make([]byte, 1<<20) // a record's value, which a JSON string shares
+		runtime.AddCleanup(&doc[0], func(ch chan struct{}) { ch <- struct{}{} }, collected)
+		f := s.Fields([]string{"a", "b"}, nil)
+		f.Vals[0] = unsafe.String(&doc[0], len(doc))
+		runtime.KeepAlive(f)
+	}()
+	for range 50 {
+		runtime.GC()
+		select {
+		case <-collected:
+			if f := s.Fields([]string{"a"}, nil); len(f.Vals) != 1 || f.Vals[0] != nil {
+				t.Fatalf("after the collection the Slab gave %#v", f.Vals)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("a value the Slab carved was dropped, but what it pointed at was never collected: the Slab keeps it alive")
 }

@@ -51,7 +51,8 @@ func newAvroPlan(rec *avro.RecordSchema, t *reads) *avroPlan {
 // decodeAvro does, but builds only the fields of p; r is the partition's
 // reader, reused. ok is false when the partial decode does not accept the
 // payload (anything the whole decode might refuse, and also what it might
-// not): the caller then runs the whole decode, which decides.
+// not): the caller then runs the whole decode, which decides. The value
+// is carved from slab (the partition's; nil: allocated on its own).
 //
 // It reads the payload with hamba/avro's own Reader primitives (ReadInt,
 // ReadLong, ReadBool, ReadString, ReadBlockHeader...) at the same
@@ -62,10 +63,10 @@ func newAvroPlan(rec *avro.RecordSchema, t *reads) *avroPlan {
 // lengths, negative or oversized string lengths, enum and union indexes,
 // booleans other than 0 and 1, array sizes, truncation); hamba's own skip
 // decoders are laxer and are not used.
-func decodeAvroPartial(p *avroPlan, r *avro.Reader, payload []byte) (*partial.Fields, bool) {
+func decodeAvroPartial(p *avroPlan, r *avro.Reader, slab *partial.Slab, payload []byte) (*partial.Fields, bool) {
 	r.Reset(payload)
 	r.Error = nil
-	m := p.decode(r)
+	m := p.decode(r, slab)
 	if r.Error != nil || m == nil {
 		r.Error = nil
 		return nil, false
@@ -73,9 +74,10 @@ func decodeAvroPartial(p *avroPlan, r *avro.Reader, payload []byte) (*partial.Fi
 	return m, true
 }
 
-// decode reads one record; nil when it stopped at a refusal.
-func (p *avroPlan) decode(r *avro.Reader) *partial.Fields {
-	m := partial.New(p.names, p.index)
+// decode reads one record, carved from slab; nil when it stopped at a
+// refusal.
+func (p *avroPlan) decode(r *avro.Reader, slab *partial.Slab) *partial.Fields {
+	m := slab.Fields(p.names, p.index)
 	for i := range p.fields {
 		f := &p.fields[i]
 		switch {
@@ -84,7 +86,7 @@ func (p *avroPlan) decode(r *avro.Reader) *partial.Fields {
 				return nil
 			}
 		case f.sub != nil:
-			v := f.sub.decode(r)
+			v := f.sub.decode(r, slab)
 			if v == nil {
 				return nil
 			}

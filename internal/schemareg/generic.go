@@ -13,6 +13,7 @@ import (
 
 	"ratchet/internal/event"
 	"ratchet/internal/metrics"
+	"ratchet/internal/partial"
 	"ratchet/processor"
 )
 
@@ -41,6 +42,9 @@ type ValueDecoder struct {
 	plans      map[planKey]any
 	avroReader *avro.Reader
 	proto      protoScratch
+	// slab is where the partly decoded values of the partition's records
+	// are carved from (see partial.Slab).
+	slab partial.Slab
 }
 
 // planKey names a plan: a schema, and of a protobuf schema the message.
@@ -123,7 +127,7 @@ func (d *ValueDecoder) decodeAvro(s *Schema, payload []byte) (any, error) {
 			if d.avroReader == nil {
 				d.avroReader = avro.NewReader(nil, 0, avro.WithReaderConfig(avroAPI))
 			}
-			if m, ok := decodeAvroPartial(p, d.avroReader, payload); ok {
+			if m, ok := decodeAvroPartial(p, d.avroReader, &d.slab, payload); ok {
 				return m, nil
 			}
 		}
@@ -285,6 +289,7 @@ func (d *ValueDecoder) decodeProtobuf(s *Schema, path []int, payload []byte) (an
 		d.plan(k, p)
 	}
 	if p != nil {
+		d.proto.slab = &d.slab
 		if m, ok := decodeProtoPartial(p, &d.proto, payload); ok {
 			return m, nil
 		}

@@ -37,7 +37,7 @@ var benchReads = map[string][][]string{
 	"rollup": paths("status", "amount"),
 }
 
-func benchOrders(b *testing.B, isAvro bool) [][]byte {
+func benchOrders(b testing.TB, isAvro bool) [][]byte {
 	b.Helper()
 	sc := avro.MustParse(benchAvroOrder)
 	var out [][]byte

@@ -81,7 +81,7 @@ func (p *pair) partialAccepts(t testing.TB, value []byte) bool {
 		if plan == nil {
 			return false
 		}
-		_, ok := decodeAvroPartial(plan, p.part.avroReader, f.Payload)
+		_, ok := decodeAvroPartial(plan, p.part.avroReader, nil, f.Payload)
 		return ok
 	}
 	md, err := s.protoMessageAt(f.MessageIndexes)
@@ -528,4 +528,39 @@ func FuzzPartialValueDecoder(f *testing.F) {
 			protoPairs[int(sel)%len(protoPairs)].check(t, append(event.AppendFrame(nil, 1, []int{1}), payload...))
 		}
 	})
+}
+
+// TestAPartitionsPartialValuesStayTheirs: one partial ValueDecoder (a
+// partition's) carves every record's fields from shared chunks; records
+// decoded later never change what an earlier record decoded to.
+func TestAPartitionsPartialValuesStayTheirs(t *testing.T) {
+	for _, format := range []string{"avro", "protobuf"} {
+		t.Run(format, func(t *testing.T) {
+			s, typ := &Schema{ID: 1, Type: TypeAvro, Text: benchAvroOrder}, TypeAvro
+			if format == "protobuf" {
+				s, typ = protoSchema(t, benchProtoOrder), TypeProtobuf
+			}
+			p := newPair(t, typ, s, paths("id", "status", "amount", "customer.id", "items"))
+			values := benchOrders(t, format == "avro")
+			recs := make([]processor.Record, 3000)
+			for i := range recs {
+				recs[i] = processor.Record{Value: values[(i*7)%len(values)]}
+				if err := p.part.DecodeRecord(&recs[i]); err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := recs[i].Decoded.(*partial.Fields); !ok {
+					t.Fatalf("record %d decoded to %T, not partial.Fields", i, recs[i].Decoded)
+				}
+			}
+			for i := range recs {
+				w := &processor.Record{Value: recs[i].Value}
+				if err := p.whole.DecodeRecord(w); err != nil {
+					t.Fatal(err)
+				}
+				if got, want := project(partial.Plain(recs[i].Decoded), p.tree), project(w.Decoded, p.tree); !same(want, got) {
+					t.Fatalf("record %d after 3000 decodes:\n%#v\nwant %#v", i, got, want)
+				}
+			}
+		})
+	}
 }

@@ -239,6 +239,9 @@ func wellKnown(n protoreflect.FullName) bool {
 // the occurrences of collected fields.
 type protoScratch struct {
 	buf []byte
+	// slab is the partition's (ValueDecoder.slab): the decoded values
+	// are carved from it.
+	slab *partial.Slab
 }
 
 type protoSlot struct {
@@ -356,7 +359,7 @@ func (p *protoPlan) decode(sc *protoScratch, b []byte, depth int) (any, bool) {
 		}
 		return time.Duration(sec)*time.Second + time.Duration(nanos), true
 	}
-	out := partial.New(p.names, p.index)
+	out := sc.slab.Fields(p.names, p.index)
 	for i, fi := range p.direct {
 		if slots[i].set {
 			out.Vals[i] = slots[i].v

@@ -30,14 +30,19 @@ type JSONDecoder struct {
 	// become *object, which the expressions read as those maps), the rest
 	// of the document checked and skipped. Set.JSONDecoder sets it.
 	reads *fieldTree
+	// objects is where a partition's partly decoded objects are carved
+	// from (Set.JSONDecoder makes one for each decoder it returns).
+	objects *objects
 }
 
 // JSONDecoder returns the decoder of topic's values, whose pipelines have
 // format json: it builds only the fields their expressions read (all of
 // the document when one of them uses value as a whole), refusing exactly
-// what DecodeJSON refuses, with the same reasons.
+// what DecodeJSON refuses, with the same reasons. Each decoder it returns
+// is one partition's: it carves the objects it builds from chunks of its
+// own, and is not for concurrent use.
 func (s *Set) JSONDecoder(topic string, framed bool) JSONDecoder {
-	return JSONDecoder{Framed: framed, reads: s.reads[topic]}
+	return JSONDecoder{Framed: framed, reads: s.reads[topic], objects: &objects{}}
 }
 
 // DecodeRecord implements the engine's per-partition value decoder. The
@@ -51,7 +56,7 @@ func (d JSONDecoder) DecodeRecord(rec *processor.Record) error {
 	var v any
 	var err error
 	if d.reads != nil && !d.reads.whole {
-		v, err = decodePartial(rec.Value, d.Framed, d.reads)
+		v, err = decodePartial(rec.Value, d.Framed, d.reads, d.objects)
 	} else {
 		v, err = DecodeJSON(rec.Value, d.Framed)
 	}

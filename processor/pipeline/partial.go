@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 	"unsafe"
+	"weak"
 
 	"ratchet/internal/partial"
 )
@@ -25,7 +26,7 @@ import (
 // framing question, a document deeper than that) it hands b to DecodeJSON
 // and returns its result, so a record is refused with the same reason
 // whichever decoder runs.
-func decodePartial(b []byte, framed bool, t *fieldTree) (any, error) {
+func decodePartial(b []byte, framed bool, t *fieldTree, objs *objects) (any, error) {
 	doc := b
 	if len(doc) > 0 && doc[0] == 0 {
 		if !framed || len(doc) < 5 {
@@ -33,7 +34,7 @@ func decodePartial(b []byte, framed bool, t *fieldTree) (any, error) {
 		}
 		doc = doc[5:]
 	}
-	s := scanner{b: doc}
+	s := scanner{b: doc, objects: objs}
 	s.space()
 	if t == nil || t.whole || s.i >= len(s.b) || s.b[s.i] != '{' {
 		return DecodeJSON(b, framed)
@@ -56,9 +57,10 @@ const maxPartialDepth = 1000
 // scanner walks one JSON document; every method returns false at the
 // first byte encoding/json would refuse (or decodePartial leaves to it).
 type scanner struct {
-	b     []byte
-	i     int
-	depth int
+	b       []byte
+	i       int
+	depth   int
+	objects *objects // where objects are carved from; nil: allocated each
 }
 
 // space skips JSON whitespace.
@@ -84,9 +86,36 @@ func (s *scanner) space() {
 type object struct {
 	t    *fieldTree
 	vals []any
-	// inline holds vals for a node read at up to len(inline) keys, most
-	// of them, so that the object and its values are one allocation.
-	inline [4]any
+}
+
+// objects carves a partition's objects and their values out of chunks,
+// as partial.Slab does Avro's and protobuf's records, and holds its
+// current chunk only weakly as it does: an object costs no allocation of
+// its own, and an idle partition keeps nothing of the records it applied.
+// For one goroutine (the partition's decoder); the nil *objects allocates
+// each object on its own.
+type objects struct {
+	chunk weak.Pointer[[objectsChunk]object]
+	n     int // of the current chunk, the objects handed out
+	vals  partial.Slab
+}
+
+const objectsChunk = 128 // 4 KiB
+
+// object returns an object of t, its values nil.
+func (s *objects) object(t *fieldTree) *object {
+	if s == nil {
+		return &object{t: t, vals: make([]any, len(t.order))}
+	}
+	c := s.chunk.Value()
+	if c == nil || s.n == objectsChunk {
+		c = new([objectsChunk]object)
+		s.chunk, s.n = weak.Make(c), 0
+	}
+	o := &c[s.n]
+	s.n++
+	o.t, o.vals = t, s.vals.Vals(len(t.order))
+	return o
 }
 
 // absentKey is the value of a key an object's document lacks.
@@ -130,12 +159,7 @@ func (s *scanner) object(t *fieldTree) (*object, bool) {
 		return nil, false
 	}
 	s.i++ // '{'
-	m := &object{t: t}
-	if len(t.order) <= len(m.inline) {
-		m.vals = m.inline[:len(t.order)]
-	} else {
-		m.vals = make([]any, len(t.order))
-	}
+	m := s.objects.object(t)
 	for i := range m.vals {
 		m.vals[i] = absent
 	}

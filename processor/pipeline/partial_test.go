@@ -7,9 +7,13 @@ import (
 	"io"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"ratchet/processor"
 )
 
 // treeOf is the field tree that reads paths ("a.b"; "" is all of value).
@@ -59,7 +63,7 @@ func project(v any, t *fieldTree) any {
 func checkPartial(t testing.TB, b []byte, framed bool, tree *fieldTree) {
 	t.Helper()
 	full, ferr := DecodeJSON(b, framed)
-	part, perr := decodePartial(b, framed, tree)
+	part, perr := decodePartial(b, framed, tree, &objects{})
 	switch {
 	case ferr != nil && perr == nil:
 		t.Fatalf("%q %q: partial accepts %#v, the full decoder refuses: %v", b, tree.paths(), part, ferr)
@@ -277,7 +281,7 @@ func TestDecodePartialDepth(t *testing.T) {
 	}
 	// Past encoding/json's bound the reason is its own.
 	doc := `{"a":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`
-	if _, err := decodePartial([]byte(doc), false, treeOf("b")); err == nil || !strings.Contains(err.Error(), "exceeded max depth") {
+	if _, err := decodePartial([]byte(doc), false, treeOf("b"), nil); err == nil || !strings.Contains(err.Error(), "exceeded max depth") {
 		t.Errorf("a document 10002 levels deep: %v, want the full decoder's depth refusal", err)
 	}
 }
@@ -299,4 +303,67 @@ func FuzzDecodePartial(f *testing.F) {
 			t.Fatalf("%q: the scanner accepts it: %v; strictly valid: %v", b, scans(b), strictlyValid(b))
 		}
 	})
+}
+
+// TestAPartitionsDecodedObjectsStayTheirs: one decoder (a partition's)
+// carves every record's objects from shared chunks; records decoded later
+// never change what an earlier record decoded to, across many chunks, with
+// objects of every width and documents the partial decoder leaves to
+// DecodeJSON in between.
+func TestAPartitionsDecodedObjectsStayTheirs(t *testing.T) {
+	tree := treeOf("id", "status", "amount", "customer.id", "items", "a.b.c.d.e.f")
+	d := JSONDecoder{reads: tree, objects: &objects{}}
+	recs := make([]processor.Record, 3000)
+	for i := range recs {
+		doc := fmt.Sprintf(`{"id":"o%d","status":"s%d","amount":%d.5,"customer":{"id":"c%d","tier":"gold"},"items":%d,"a":{"b":{"c":{"d":{"e":{"f":%d}}}}}}`, i, i%7, i, i, i%9, i)
+		if i%10 == 3 {
+			doc = fmt.Sprintf(`{"id":"o%d","id":"dup%d"}`, i, i) // a duplicate key: handled as DecodeJSON does
+		}
+		recs[i] = processor.Record{Value: []byte(doc)}
+		if err := d.DecodeRecord(&recs[i]); err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	for i := range recs {
+		full, err := DecodeJSON(recs[i].Value, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := project(plainValue(recs[i].Decoded), tree), project(full, tree); !reflect.DeepEqual(got, want) {
+			t.Fatalf("record %d after 3000 decodes: %#v, want %#v", i, got, want)
+		}
+	}
+}
+
+// TestAPartitionsDecoderKeepsNothingOfAppliedRecords: the strings of a
+// partly decoded object share its record's value; once the record is
+// dropped, the value is collected although the decoder (the partition's)
+// goes on carving from its chunks.
+func TestAPartitionsDecoderKeepsNothingOfAppliedRecords(t *testing.T) {
+	d := JSONDecoder{reads: treeOf("status"), objects: &objects{}}
+	collected := make(chan struct{}, 1)
+	func() {
+		doc := []byte(`{"status":"` + strings.Repeat("x", 1<<20) + `"}`)
+		runtime.AddCleanup(&doc[0], func(ch chan struct{}) { ch <- struct{}{} }, collected)
+		rec := processor.Record{Value: doc}
+		if err := d.DecodeRecord(&rec); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := rec.Decoded.(*object); !ok {
+			t.Fatalf("decoded to %T, not a partly decoded object", rec.Decoded)
+		}
+	}()
+	for range 50 {
+		runtime.GC()
+		select {
+		case <-collected:
+			rec := processor.Record{Value: []byte(`{"status":"paid"}`)}
+			if err := d.DecodeRecord(&rec); err != nil || plainValue(rec.Decoded).(map[string]any)["status"] != "paid" {
+				t.Fatalf("after the collection: %#v, %v", rec.Decoded, err)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("a record was dropped, but its value was never collected: the decoder keeps it alive")
 }

@@ -83,7 +83,7 @@ func TestFieldTreeReads(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				part, err := decodePartial([]byte(doc), false, tree)
+				part, err := decodePartial([]byte(doc), false, tree, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
