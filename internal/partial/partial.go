@@ -26,7 +26,7 @@ type absentField struct{}
 // Absent is the value of a field the decoded value does not have.
 var Absent any = absentField{}
 
-// Index is what New takes to find a name among Names: nil for a few
+// Index is what Slab.Fields takes to find a name among Names: nil for a few
 // names (compared in turn), a map for more.
 func Index(names []string) map[string]int {
 	if len(names) <= 8 {
@@ -37,12 +37,6 @@ func Index(names []string) map[string]int {
 		m[n] = i
 	}
 	return m
-}
-
-// New returns Fields of names (index is Index(names)), every value nil,
-// allocated on their own.
-func New(names []string, index map[string]int) *Fields {
-	return (*Slab)(nil).Fields(names, index)
 }
 
 // Slab carves Fields and value slices out of shared chunks, so that the

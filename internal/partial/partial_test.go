@@ -19,7 +19,7 @@ func TestFieldsReadAsTheirMap(t *testing.T) {
 			for i := range names {
 				names[i] = fmt.Sprintf("f%d", i)
 			}
-			f := New(names, Index(names))
+			f := (*Slab)(nil).Fields(names, Index(names)) // allocated on their own
 			want := map[string]any{}
 			for i := range names {
 				switch i % 3 {
@@ -29,7 +29,7 @@ func TestFieldsReadAsTheirMap(t *testing.T) {
 				case 1:
 					f.Vals[i] = Absent
 				case 2:
-					inner := New([]string{"id"}, nil)
+					inner := (*Slab)(nil).Fields([]string{"id"}, nil)
 					inner.Vals[0] = fmt.Sprint("c", i)
 					f.Vals[i] = inner
 					want[names[i]] = map[string]any{"id": fmt.Sprint("c", i)}
