@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +17,7 @@ import (
 	"ratchet/engine"
 	"ratchet/internal/devbroker"
 	"ratchet/internal/event"
+	"ratchet/internal/gcpolicy"
 	"ratchet/internal/kafkaclient"
 	"ratchet/internal/produce"
 	"ratchet/internal/schemareg"
@@ -38,7 +38,7 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log := newLogger(e.stderr, cfg, false)
-	setMemoryLimit(e, cfg, log)
+	setCollector(e, cfg, log)
 	log.Info("ratchet starting", "version", version(), "config", cfg)
 	if e.opts.exit != nil {
 		done := make(chan struct{})
@@ -406,26 +406,16 @@ func splitList(s string) []string {
 	return out
 }
 
-// memoryLimit is the Go runtime's soft memory limit when GOMEMLIMIT is not
-// set: twice processing.memory_budget (the records the partition actors
-// hold, and the collector's headroom above them) plus 64 MiB for the rest
-// of the heap (partition actors, decoders, metrics, the pool): 128 MiB at
-// the default budget. The limit does not raise what is live; it makes the
-// collector work harder near it instead of letting the heap double before
-// each collection. The process's RSS is this plus what lies outside the Go
-// heap, about 60-70 MiB (the binary's code, librdkafka's buffers and
-// partition state): a 1024-partition drain peaked at 157-189 MiB with
-// 128 MiB, and at 160-222 MiB with the former fixed 160 MiB
-// (deploy/README.md, Sizing).
-func memoryLimit(budget int64) int64 { return 2*budget + 64<<20 }
-
-func setMemoryLimit(e *env, cfg config.Config, log *slog.Logger) {
-	for _, kv := range e.environ {
-		if strings.HasPrefix(kv, "GOMEMLIMIT=") {
-			return // the runtime read it already
-		}
+// setCollector sets the soft memory limit and the collector's growth ratio
+// that processing.memory_budget calls for, leaving GOMEMLIMIT and GOGC to
+// the operator when they are set (package gcpolicy; deploy/README.md,
+// Sizing).
+func setCollector(e *env, cfg config.Config, log *slog.Logger) {
+	s := gcpolicy.Apply(e.environ, int64(cfg.Processing.MemoryBudget))
+	if s.Limit != 0 {
+		log.Debug("soft memory limit set", "bytes", s.Limit, "override", "GOMEMLIMIT")
 	}
-	limit := memoryLimit(int64(cfg.Processing.MemoryBudget))
-	debug.SetMemoryLimit(limit)
-	log.Debug("soft memory limit set", "bytes", limit, "override", "GOMEMLIMIT")
+	if s.Percent != 0 {
+		log.Debug("collector growth ratio set", "gogc", s.Percent, "override", "GOGC")
+	}
 }

@@ -21,12 +21,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"ratchet/config"
+	"ratchet/internal/gcpolicy"
 	"ratchet/internal/produce"
 	"ratchet/processor/dashboard"
 )
@@ -59,6 +61,13 @@ func (e *benchEnv) checkpoint(ctx context.Context) error {
 }
 
 func main() {
+	// The in-process engines run with the collector `ratchet run` sets
+	// (package gcpolicy), and so do the baselines beside them in this
+	// process; the soft memory limit is ratchet run's alone (its memory
+	// rows), for this process also holds the direct loops' rows.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(gcpolicy.Percent)
+	}
 	if len(os.Args) > 1 {
 		if worker, ok := workers[os.Args[1]]; ok {
 			if err := worker(os.Args[2:]); err != nil {
