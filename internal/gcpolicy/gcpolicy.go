@@ -61,6 +61,13 @@ func Apply(environ []string, budget int64) Settings {
 	return s
 }
 
+// GOGC is the process's current growth ratio (-1: off).
+func GOGC() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
+}
+
 // set reports whether environ has name=, with any value: the runtime reads
 // the variable at start, and an empty or invalid value is its to judge.
 func set(environ []string, name string) bool {

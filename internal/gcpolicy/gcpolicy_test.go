@@ -18,12 +18,6 @@ func restore(t *testing.T) {
 	})
 }
 
-func gcPercent() int {
-	p := debug.SetGCPercent(100)
-	debug.SetGCPercent(p)
-	return p
-}
-
 // TestLimitFollowsTheBudget: the soft limit is 2 × processing.memory_budget
 // + 48 MiB, 112 MiB at the default budget of 32 MiB, so a larger budget
 // raises it instead of making the collector run without pause.
@@ -48,7 +42,7 @@ func TestApplyRaisesTheGrowthUnderItsLimit(t *testing.T) {
 	if got := debug.SetMemoryLimit(-1); got != 112*mib {
 		t.Errorf("soft limit %d, want %d", got, 112*mib)
 	}
-	if got := gcPercent(); got != Percent {
+	if got := GOGC(); got != Percent {
 		t.Errorf("GOGC %d, want %d", got, Percent)
 	}
 }
@@ -64,7 +58,7 @@ func TestApplyLeavesWhatTheEnvironmentSet(t *testing.T) {
 	if s := Apply([]string{"GOGC=150"}, 32*mib); s != (Settings{Limit: 112 * mib}) {
 		t.Errorf("with GOGC set: Apply = %+v, want the limit only", s)
 	}
-	if got := gcPercent(); got != 150 {
+	if got := GOGC(); got != 150 {
 		t.Errorf("with GOGC set: GOGC %d, want 150 kept", got)
 	}
 
@@ -76,7 +70,7 @@ func TestApplyLeavesWhatTheEnvironmentSet(t *testing.T) {
 	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
 		t.Errorf("with GOMEMLIMIT=off: soft limit %d, want none", got)
 	}
-	if got := gcPercent(); got != 100 {
+	if got := GOGC(); got != 100 {
 		t.Errorf("with GOMEMLIMIT=off: GOGC %d, want 100 kept", got)
 	}
 

@@ -6,11 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"ratchet/internal/gcpolicy"
 )
 
 // round is one interleaved set of drains.
@@ -289,7 +290,7 @@ func (r *report) markdown(table string) string {
 	}
 	fmt.Fprintf(&sb, "- PostgreSQL: %s (local, 127.0.0.1:5432; a fresh database per run, dropped after)\n", r.pgVersion)
 	sb.WriteString("- The machine is shared with other test runs, so every comparison is made inside one run, interleaved, median of the rounds.\n")
-	fmt.Fprintf(&sb, "- Go collector: this process (the in-process engines and the baselines beside them) runs at GOGC=%d, the growth ratio `ratchet run` sets under its soft memory limit (package `internal/gcpolicy`), without that limit; the `ratchet run` subprocesses of the memory rows run with both, as a user's would.\n\n", gcPercent())
+	fmt.Fprintf(&sb, "- Go collector: this process (the in-process engines and the baselines beside them) runs at GOGC=%d, the growth ratio `ratchet run` sets under its soft memory limit (package `internal/gcpolicy`), without that limit; the `ratchet run` subprocesses of the memory rows run with both, as a user's would.\n\n", gcpolicy.GOGC())
 	sb.WriteString("## Results\n\n")
 	sb.WriteString(table)
 	if t := r.cpuTable(); t != "" {
@@ -389,11 +390,4 @@ func profileTop(title, path string) string {
 		parts = append(parts, string(out))
 	}
 	return fmt.Sprintf("### %s\n\n```\n%s```\n\n```\n%s```\n", title, parts[0], parts[1])
-}
-
-// gcPercent is this process's GOGC.
-func gcPercent() int {
-	p := debug.SetGCPercent(100)
-	debug.SetGCPercent(p)
-	return p
 }
