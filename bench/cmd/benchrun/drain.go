@@ -78,7 +78,7 @@ func (r drainResult) cpuLine() string {
 	line := fmt.Sprintf("CPU %.2f cores (this process %.2f, broker %.2f, rest %.2f), %.2f CPU-s per million events",
 		u.machine, u.self, u.broker, u.rest(), r.cpuPerMillion())
 	if r.Batches > 0 {
-		line += fmt.Sprintf(", %d batches (%.0f records each)", r.Batches, float64(r.Events)/float64(r.Batches))
+		line += fmt.Sprintf(", %d batches (%.0f records each), %.1f partitions in a transaction on average", r.Batches, float64(r.Events)/float64(r.Batches), r.inTx())
 	}
 	return line
 }
