@@ -27,14 +27,15 @@ const Percent = 400
 
 // Limit is the soft memory limit for a memory budget when GOMEMLIMIT is not
 // set: twice processing.memory_budget (the records the partition actors
-// hold, and room above them) plus 48 MiB for the rest of the heap
-// (partition actors, decoders, metrics, the pool): 112 MiB at the default
+// hold, and room above them) plus 32 MiB for the rest of the heap
+// (partition actors, decoders, metrics, the pool): 96 MiB at the default
 // budget. With Percent the heap reaches the limit whenever a fifth of it
 // is live, so the process's RSS under load is about this plus what lies
-// outside the Go heap, 60-70 MiB (the binary's code, librdkafka's buffers
-// and partition state): 180 MiB draining with 1,024 partitions, where
-// 2 × budget + 64 MiB gave 193-196 MiB.
-func Limit(budget int64) int64 { return 2*budget + 48<<20 }
+// outside the Go heap, 65-85 MiB with 1,024 partitions (the binary's code,
+// librdkafka's buffers and partition state): 173 MiB draining with 1,024
+// partitions, where 2 × budget + 64 MiB gave 193-196 MiB and 2 × budget +
+// 48 MiB 180-192 MiB, against a 200 MiB target.
+func Limit(budget int64) int64 { return 2*budget + 32<<20 }
 
 // Settings is what Apply set; a zero field was left as the environment
 // (or the runtime's default) had it.

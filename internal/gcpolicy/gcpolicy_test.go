@@ -19,14 +19,14 @@ func restore(t *testing.T) {
 }
 
 // TestLimitFollowsTheBudget: the soft limit is 2 × processing.memory_budget
-// + 48 MiB, 112 MiB at the default budget of 32 MiB, so a larger budget
+// + 32 MiB, 96 MiB at the default budget of 32 MiB, so a larger budget
 // raises it instead of making the collector run without pause.
 func TestLimitFollowsTheBudget(t *testing.T) {
-	if got := Limit(32 * mib); got != 112*mib {
-		t.Errorf("soft limit with a 32 MiB budget = %d MiB, want 112", got/mib)
+	if got := Limit(32 * mib); got != 96*mib {
+		t.Errorf("soft limit with a 32 MiB budget = %d MiB, want 96", got/mib)
 	}
-	if got := Limit(128 * mib); got != 304*mib {
-		t.Errorf("soft limit with a 128 MiB budget = %d MiB, want 304", got/mib)
+	if got := Limit(128 * mib); got != 288*mib {
+		t.Errorf("soft limit with a 128 MiB budget = %d MiB, want 288", got/mib)
 	}
 }
 
@@ -36,11 +36,11 @@ func TestApplyRaisesTheGrowthUnderItsLimit(t *testing.T) {
 	restore(t)
 	debug.SetGCPercent(100)
 	s := Apply([]string{"HOME=/"}, 32*mib)
-	if s != (Settings{Limit: 112 * mib, Percent: Percent}) {
+	if s != (Settings{Limit: 96 * mib, Percent: Percent}) {
 		t.Fatalf("Apply = %+v", s)
 	}
-	if got := debug.SetMemoryLimit(-1); got != 112*mib {
-		t.Errorf("soft limit %d, want %d", got, 112*mib)
+	if got := debug.SetMemoryLimit(-1); got != 96*mib {
+		t.Errorf("soft limit %d, want %d", got, 96*mib)
 	}
 	if got := GOGC(); got != Percent {
 		t.Errorf("GOGC %d, want %d", got, Percent)
@@ -55,7 +55,7 @@ func TestApplyLeavesWhatTheEnvironmentSet(t *testing.T) {
 
 	debug.SetGCPercent(150)
 	debug.SetMemoryLimit(math.MaxInt64)
-	if s := Apply([]string{"GOGC=150"}, 32*mib); s != (Settings{Limit: 112 * mib}) {
+	if s := Apply([]string{"GOGC=150"}, 32*mib); s != (Settings{Limit: 96 * mib}) {
 		t.Errorf("with GOGC set: Apply = %+v, want the limit only", s)
 	}
 	if got := GOGC(); got != 150 {
