@@ -3,7 +3,10 @@
 // pipelines read.
 package partial
 
-import "weak"
+import (
+	"unsafe"
+	"weak"
+)
 
 // Fields is an Avro record or a protobuf message decoded at some of its
 // fields: Vals[i] is the value of Names[i], or Absent when the value has
@@ -39,20 +42,40 @@ func Index(names []string) map[string]int {
 	return m
 }
 
-// Slab carves Fields and value slices out of shared chunks, so that the
+// Chunks hands out slots of T carved from chunks of Size, so that the
 // values a partition decodes cost an allocation a chunk rather than one
-// or two each, and no table or inline room they do not use. Slots are
-// never handed out twice. The Slab holds its current chunks only weakly:
-// a chunk lives while a value carved from it does, and not for the Slab's
-// sake, so a partition whose records are applied and dropped keeps none
-// of their values (a JSON string shares its record's bytes; an idle
-// partition must not hold them). A Slab is for one goroutine (a
-// partition's decoder); the nil *Slab allocates every value on its own.
+// each. Slots are never handed out twice. Chunks holds its current chunk
+// only weakly: a chunk lives while a slot of it is reachable, and not for
+// the carver's sake, so a partition whose records are applied and dropped
+// keeps none of their values (a JSON string shares its record's bytes; an
+// idle partition must not hold them). Chunks is for one goroutine (a
+// partition's decoder); its zero value is ready.
+type Chunks[T any] struct {
+	first weak.Pointer[T] // the current chunk's first slot
+	used  int             // of the current chunk, the slots handed out
+}
+
+// Take returns n zero slots of a chunk of size slots (the same size on
+// every call), starting a chunk when the current one has no n slots left
+// or nothing of it is reachable any more.
+func (c *Chunks[T]) Take(n, size int) []T {
+	var chunk []T
+	if p := c.first.Value(); p != nil && c.used+n <= size {
+		chunk = unsafe.Slice(p, size)
+	} else {
+		chunk = make([]T, size)
+		c.first, c.used = weak.Make(&chunk[0]), 0
+	}
+	s := chunk[c.used : c.used+n : c.used+n]
+	c.used += n
+	return s
+}
+
+// Slab carves Fields and value slices out of Chunks. The nil *Slab
+// allocates every value on its own.
 type Slab struct {
-	fields  weak.Pointer[[fieldsChunk]Fields]
-	nFields int // of the current fields chunk, the slots handed out
-	vals    weak.Pointer[[valsChunk]any]
-	nVals   int
+	fields Chunks[Fields]
+	vals   Chunks[any]
 }
 
 const (
@@ -65,14 +88,7 @@ func (s *Slab) Vals(n int) []any {
 	if s == nil || n > valsChunk/4 {
 		return make([]any, n) // a wide value has a slice of its own
 	}
-	c := s.vals.Value()
-	if c == nil || s.nVals+n > valsChunk {
-		c = new([valsChunk]any) // the last one is full, or no value of it is left
-		s.vals, s.nVals = weak.Make(c), 0
-	}
-	v := c[s.nVals : s.nVals+n : s.nVals+n]
-	s.nVals += n
-	return v
+	return s.vals.Take(n, valsChunk)
 }
 
 // Fields returns Fields of names (index is Index(names)), every value nil.
@@ -81,13 +97,7 @@ func (s *Slab) Fields(names []string, index map[string]int) *Fields {
 	if s == nil {
 		f = &Fields{}
 	} else {
-		c := s.fields.Value()
-		if c == nil || s.nFields == fieldsChunk {
-			c = new([fieldsChunk]Fields)
-			s.fields, s.nFields = weak.Make(c), 0
-		}
-		f = &c[s.nFields]
-		s.nFields++
+		f = &s.fields.Take(1, fieldsChunk)[0]
 	}
 	f.Names, f.index, f.Vals = names, index, s.Vals(len(names))
 	return f

@@ -118,3 +118,30 @@ func TestSlabKeepsNothingOfDroppedValues(t *testing.T) {
 	}
 	t.Fatal("a value the Slab carved was dropped, but what it pointed at was never collected: the Slab keeps it alive")
 }
+
+// Chunks never hands a slot out twice, and a slice of slots is capped at
+// its length, so appending to it cannot write over the next one's.
+func TestChunksHandOutEachSlotOnce(t *testing.T) {
+	var c Chunks[int]
+	var kept [][]int // reachable, so their chunks stay current
+	for i := range 100 {
+		s := c.Take(3, 16)
+		if len(s) != 3 || cap(s) != 3 {
+			t.Fatalf("take %d: len %d cap %d, want 3 and 3", i, len(s), cap(s))
+		}
+		for j := range s {
+			if s[j] != 0 {
+				t.Fatalf("take %d: slot %d was handed out before (holds %d)", i, j, s[j])
+			}
+			s[j] = i + 1
+		}
+		kept = append(kept, s)
+	}
+	for i, s := range kept {
+		for j, v := range s {
+			if v != i+1 {
+				t.Fatalf("take %d slot %d = %d, want %d: a later take wrote over it", i, j, v, i+1)
+			}
+		}
+	}
+}

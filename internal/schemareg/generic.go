@@ -60,8 +60,10 @@ func NewValueDecoder(reg *Registry, schemaType string, m *metrics.Metrics) *Valu
 	if schemaType == TypeProtobuf {
 		format = event.FormatProtobuf
 	}
-	return &ValueDecoder{Decoder: &Decoder{reg: reg, format: format, known: map[int32]*Schema{},
+	d := &ValueDecoder{Decoder: &Decoder{reg: reg, format: format, known: map[int32]*Schema{},
 		hits: m.RegistryCacheHits, now: reg.now}, schemaType: schemaType}
+	d.proto.slab = &d.slab
+	return d
 }
 
 // DecodeRecord parses rec.Value's framing and decodes the payload with the
@@ -289,7 +291,6 @@ func (d *ValueDecoder) decodeProtobuf(s *Schema, path []int, payload []byte) (an
 		d.plan(k, p)
 	}
 	if p != nil {
-		d.proto.slab = &d.slab
 		if m, ok := decodeProtoPartial(p, &d.proto, payload); ok {
 			return m, nil
 		}

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"unicode/utf8"
 	"unsafe"
-	"weak"
 
 	"ratchet/internal/partial"
 )
@@ -88,16 +87,14 @@ type object struct {
 	vals []any
 }
 
-// objects carves a partition's objects and their values out of chunks,
-// as partial.Slab does Avro's and protobuf's records, and holds its
-// current chunk only weakly as it does: an object costs no allocation of
-// its own, and an idle partition keeps nothing of the records it applied.
-// For one goroutine (the partition's decoder); the nil *objects allocates
-// each object on its own.
+// objects carves a partition's objects and their values out of chunks
+// (partial.Chunks, as partial.Slab does Avro's and protobuf's records): an
+// object costs no allocation of its own, and an idle partition keeps
+// nothing of the records it applied. For one goroutine (the partition's
+// decoder); the nil *objects allocates each object on its own.
 type objects struct {
-	chunk weak.Pointer[[objectsChunk]object]
-	n     int // of the current chunk, the objects handed out
-	vals  partial.Slab
+	objs partial.Chunks[object]
+	vals partial.Slab
 }
 
 const objectsChunk = 128 // 4 KiB
@@ -107,13 +104,7 @@ func (s *objects) object(t *fieldTree) *object {
 	if s == nil {
 		return &object{t: t, vals: make([]any, len(t.order))}
 	}
-	c := s.chunk.Value()
-	if c == nil || s.n == objectsChunk {
-		c = new([objectsChunk]object)
-		s.chunk, s.n = weak.Make(c), 0
-	}
-	o := &c[s.n]
-	s.n++
+	o := &s.objs.Take(1, objectsChunk)[0]
 	o.t, o.vals = t, s.vals.Vals(len(t.order))
 	return o
 }
