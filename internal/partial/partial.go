@@ -42,7 +42,7 @@ func Index(names []string) map[string]int {
 	return m
 }
 
-// Chunks hands out slots of T carved from chunks of Size, so that the
+// Chunks hands out slots of T carved from chunks of a fixed size, so that the
 // values a partition decodes cost an allocation a chunk rather than one
 // each. Slots are never handed out twice. Chunks holds its current chunk
 // only weakly: a chunk lives while a slot of it is reachable, and not for
