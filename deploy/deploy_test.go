@@ -25,6 +25,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"ratchet/config"
+	"ratchet/internal/gcpolicy"
 	"ratchet/internal/cli"
 	"ratchet/internal/web"
 )
@@ -1033,8 +1034,23 @@ func TestK8sStatefulSet(t *testing.T) {
 			t.Fatalf("memory request %q limit %q: both must be set", req, lim)
 		}
 		// ratchet stays below 200 MiB RSS at the default settings.
-		if r, l := mebibytes(t, req), mebibytes(t, lim); r < 200 || l < 2*r {
+		r, l := mebibytes(t, req), mebibytes(t, lim)
+		if r < 200 || l < 2*r {
 			t.Errorf("memory request %s, limit %s: want a request of at least 200Mi and twice that as the limit", req, lim)
+		}
+		// Under load the Go heap reaches its soft limit (GOMEMLIMIT, or the
+		// one ratchet sets from the budget), and librdkafka's buffers and
+		// the binary come on top: up to 85 MiB with 1,024 partitions. That
+		// must fit the request, and leave 128 MiB of the limit
+		// (deploy/README.md, Sizing).
+		soft := float64(gcpolicy.Limit(int64(cfg.Processing.MemoryBudget))) / (1 << 20)
+		for _, kv := range podEnv(t, docs, c, stsDoc.obj.Metadata.Name+"-0") {
+			if v, ok := strings.CutPrefix(kv, "GOMEMLIMIT="); ok {
+				soft = mebibytes(t, strings.TrimSuffix(v, "B"))
+			}
+		}
+		if soft+85 > r || soft+128 > l {
+			t.Errorf("soft memory limit %.0f MiB: want at most the memory request %s less 85 MiB and the limit %s less 128 MiB", soft, req, lim)
 		}
 	})
 	t.Run("security context", func(t *testing.T) {
