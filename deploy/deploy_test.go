@@ -967,7 +967,8 @@ func TestK8sStatefulSet(t *testing.T) {
 		t.Fatalf("want one container, found %d", len(pod.Containers))
 	}
 	c := pod.Containers[0]
-	cfg := loadConfig(t, "StatefulSet environment", podEnv(t, docs, c, stsDoc.obj.Metadata.Name+"-0"))
+	env := podEnv(t, docs, c, stsDoc.obj.Metadata.Name+"-0")
+	cfg := loadConfig(t, "StatefulSet environment", env)
 
 	t.Run("replicas within partitions", func(t *testing.T) {
 		parts := documentedPartitions(t, stsDoc)
@@ -1044,7 +1045,7 @@ func TestK8sStatefulSet(t *testing.T) {
 		// must fit the request, and leave 128 MiB of the limit
 		// (deploy/README.md, Sizing).
 		soft := float64(gcpolicy.Limit(int64(cfg.Processing.MemoryBudget))) / (1 << 20)
-		for _, kv := range podEnv(t, docs, c, stsDoc.obj.Metadata.Name+"-0") {
+		for _, kv := range env {
 			if v, ok := strings.CutPrefix(kv, "GOMEMLIMIT="); ok {
 				soft = mebibytes(t, strings.TrimSuffix(v, "B"))
 			}
