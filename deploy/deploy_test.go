@@ -25,8 +25,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"ratchet/config"
-	"ratchet/internal/gcpolicy"
 	"ratchet/internal/cli"
+	"ratchet/internal/gcpolicy"
 	"ratchet/internal/web"
 )
 
