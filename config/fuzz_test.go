@@ -69,9 +69,15 @@ func checkLoaded(t *testing.T, c Config, err error) {
 	}
 	if u, perr := url.Parse(c.Postgres.URL.Reveal()); perr == nil && u.User != nil {
 		if pw, ok := u.User.Password(); ok && len(pw) >= 6 {
+			// The password may be part of the user, the host or the path
+			// (a password "cret-4" and a host "0cret-40"), which is no
+			// leak: only where the URL without it lacks it must the
+			// printed URL lack it too.
 			blank := c
 			blank.Postgres.URL = ""
-			if !strings.Contains(blank.String(), pw) && strings.Contains(c.Postgres.URL.String(), pw) {
+			bare := *u
+			bare.User = url.User(u.User.Username())
+			if !strings.Contains(blank.String(), pw) && !strings.Contains(bare.String(), pw) && strings.Contains(c.Postgres.URL.String(), pw) {
 				t.Errorf("postgres.url: its password shows in %q", c.Postgres.URL.String())
 			}
 		}
