@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/google/cel-go/interpreter"
@@ -20,6 +21,34 @@ import (
 type copyRows struct {
 	buf []byte
 	n   int
+	// lent: a COPY read buf and failed. pgconn may return from a failed
+	// COPY before its sending goroutine has stopped reading, so buf is
+	// never pooled again.
+	lent bool
+}
+
+// copyBufs keep append buffers from batch to batch: grown by doubling
+// from empty, a batch's COPY text was copied over again and again on its
+// way to the batch's size, and its arrays left for the collector.
+var copyBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledCopy is the largest buffer kept for the next batch; a larger
+// one (a batch of wide rows) goes to the collector.
+const maxPooledCopy = 4 << 20
+
+// take starts r on a pooled buffer.
+func (r *copyRows) take() {
+	r.buf, r.n = (*copyBufs.Get().(*[]byte))[:0], 0
+}
+
+// release gives r's buffer back once the batch is written or given up,
+// unless a failed COPY may still be reading it.
+func (r *copyRows) release() {
+	if r.buf != nil && !r.lent && cap(r.buf) <= maxPooledCopy {
+		b := r.buf[:0]
+		copyBufs.Put(&b)
+	}
+	r.buf, r.n, r.lent = nil, 0, false
 }
 
 // add evaluates one record's columns into a row. A value ratchet cannot
@@ -82,26 +111,69 @@ func appendCopyText(b []byte, v any) []byte {
 
 // appendCopyTime writes t in UTC to the microsecond, rounded down as pgx
 // sends a timestamptz to an upsert; years before 1 AD as PostgreSQL
-// spells them (BC).
+// spells them (BC). It is on the path of every time an append writes, so
+// it formats by hand (fmt.Appendf took a tenth of an append drain's CPU).
 func appendCopyTime(b []byte, t time.Time) []byte {
 	t = t.UTC().Truncate(time.Microsecond)
-	year, bc := t.Year(), false
-	if year <= 0 {
-		year, bc = 1-year, true
+	year, month, day := t.Date()
+	hour, minute, sec := t.Clock()
+	bc := year <= 0
+	if bc {
+		year = 1 - year
 	}
-	b = fmt.Appendf(b, "%04d-%02d-%02d %02d:%02d:%02d.%06d+00", year, int(t.Month()), t.Day(),
-		t.Hour(), t.Minute(), t.Second(), t.Nanosecond()/1000)
+	b = appendZeroPadded(b, year, 4)
+	b = append(b, '-')
+	b = appendZeroPadded(b, int(month), 2)
+	b = append(b, '-')
+	b = appendZeroPadded(b, day, 2)
+	b = append(b, ' ')
+	b = appendZeroPadded(b, hour, 2)
+	b = append(b, ':')
+	b = appendZeroPadded(b, minute, 2)
+	b = append(b, ':')
+	b = appendZeroPadded(b, sec, 2)
+	b = append(b, '.')
+	b = appendZeroPadded(b, t.Nanosecond()/1000, 6)
+	b = append(b, "+00"...)
 	if bc {
 		b = append(b, " BC"...)
 	}
 	return b
 }
 
+// appendZeroPadded appends v (≥ 0) in decimal, with leading zeros to at
+// least width digits, as fmt's %0*d.
+func appendZeroPadded(b []byte, v, width int) []byte {
+	var d [24]byte
+	i := len(d)
+	for v >= 10 {
+		i--
+		d[i] = byte('0' + v%10)
+		v /= 10
+	}
+	i--
+	d[i] = byte('0' + v)
+	for len(d)-i < width && i > 0 {
+		i--
+		d[i] = '0'
+	}
+	return append(b, d[i:]...)
+}
+
 // appendCopyEscaped escapes what COPY's text format reads specially:
-// backslash, newline, carriage return and tab.
+// backslash, newline, carriage return and tab. Runs without them are
+// copied whole.
 func appendCopyEscaped(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
+	for {
+		i := 0
+		for i < len(s) && s[i] != '\\' && s[i] != '\n' && s[i] != '\r' && s[i] != '\t' {
+			i++
+		}
+		b = append(b, s[:i]...)
+		if i == len(s) {
+			return b
+		}
+		switch s[i] {
 		case '\\':
 			b = append(b, '\\', '\\')
 		case '\n':
@@ -110,11 +182,9 @@ func appendCopyEscaped(b []byte, s string) []byte {
 			b = append(b, '\\', 'r')
 		case '\t':
 			b = append(b, '\\', 't')
-		default:
-			b = append(b, c)
 		}
+		s = s[i+1:]
 	}
-	return b
 }
 
 // copyRows writes an append's rows with one COPY on the batch's
@@ -143,9 +213,11 @@ func (p *Processor) copyRows(ctx context.Context, tx pgx.Tx, st *batchState) err
 	if s := conn.PgConn().TxStatus(); s != 'T' {
 		return wrap(fmt.Errorf("the batch's transaction is not open (status %q)", s))
 	}
+	rows.lent = true
 	if _, err := conn.PgConn().CopyFrom(ctx, bytes.NewReader(rows.buf), p.stmts[pl.index].copy); err != nil {
 		return wrap(err)
 	}
+	rows.lent = false // CopyFrom waited for its reader: the COPY completed
 	p.counters.Rows(pl.name, "appended", rows.n)
 	return nil
 }

@@ -399,8 +399,19 @@ func (p *Processor) Process(ctx context.Context, tx pgx.Tx, b processor.Batch) e
 		} else {
 			st.upserts = map[string]int{}
 		}
+		if pl.append != nil {
+			st.aRows.take()
+		}
 		states[i] = st
 	}
+	// The COPY has run (or will not) when Process returns, on every path.
+	defer func() {
+		for _, st := range states {
+			if st.pl.append != nil {
+				st.aRows.release()
+			}
+		}
+	}()
 	format := p.set.formats[b.Topic]
 	act := &recordActivation{} // each record's in turn
 	for i := range b.Records {
