@@ -277,9 +277,11 @@ func run(ctx context.Context) error {
 		return rep.write(began, say)
 	}
 	if o.onlyAppend {
-		if rep.appendSink, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, false, say); err != nil {
+		var profiles []string
+		if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, false, o.forceProfile, say); err != nil {
 			return err
 		}
+		rep.profiles = append(rep.profiles, profiles...)
 		return rep.write(began, say)
 	}
 	if o.onlyPoison {
@@ -478,8 +480,12 @@ func run(ctx context.Context) error {
 	}
 	// 5d2. An append pipeline (COPY) against a direct pgx CopyFrom loop,
 	// on the JSON orders (j) preloaded.
-	if rep.appendSink, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, say); err != nil {
-		return err
+	{
+		var profiles []string
+		if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, o.forceProfile, say); err != nil {
+			return err
+		}
+		rep.profiles = append(rep.profiles, profiles...)
 	}
 	// 5d3. 1 % of the JSON orders refused by the pipeline, taken out of
 	// their batches (and split, for reference) against the clean drain.
