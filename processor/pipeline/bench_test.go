@@ -246,3 +246,67 @@ func BenchmarkDecode(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCollectAppend is the cost per record of the bench's order log
+// (make bench section (j2)): seven columns of an append evaluated on one
+// decoded JSON order and written as a COPY row, without the database.
+func BenchmarkCollectAppend(b *testing.B) {
+	const yaml = `
+kafka:
+  topics: [orders]
+pipelines:
+  - name: order_log
+    topic: orders
+    format: json
+    append:
+      table: order_log
+      columns: { part: record.partition, off: record.offset, order_id: string(record.key), status: value.status, customer: value.customer.id, amount: value.amount, at: record.timestamp }
+`
+	path := filepath.Join(b.TempDir(), "ratchet.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := Compile(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The bench's table (make bench (j2)), so that each column converts
+	// to its own kind.
+	p := New(set, &Schema{tables: map[int]*table{0: {ident: "order_log", types: map[string]string{
+		"part": "integer", "off": "bigint", "order_id": "text", "status": "text", "customer": "text",
+		"amount": "double precision", "at": "timestamp with time zone"}}}}, nil)
+	dec := set.JSONDecoder("orders", false)
+	recs := make([]processor.Record, 1000)
+	for i := range recs {
+		v := fmt.Sprintf(`{"status":"new","amount":%d.25,"customer":{"id":"c%d","country":"fr"}}`, i%100, i%777)
+		recs[i] = processor.Record{Topic: "orders", Partition: 3, Offset: int64(i), Key: fmt.Appendf(nil, "o%d", i), Value: []byte(v),
+			Timestamp: time.Date(2026, 12, 1, 9, 0, i%60, 0, time.UTC)}
+		if err := dec.DecodeRecord(&recs[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pl := set.byTopic["orders"][0]
+	st := &batchState{pl: pl, upserts: map[string]int{}, rollups: map[string]int{}}
+	st.aRows.take()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		rec := &recs[i%len(recs)]
+		act, err := activation(context.Background(), rec, "json", set.adapter)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.collect(st, rec, act, false); err != nil {
+			b.Fatal(err)
+		}
+		if i++; i%len(recs) == 0 {
+			st.aRows.release()
+			st = &batchState{pl: pl, upserts: map[string]int{}, rollups: map[string]int{}}
+			st.aRows.take()
+		}
+	}
+}
