@@ -22,6 +22,11 @@ import (
 type appendReport struct {
 	orders int64
 	rounds []appendRound
+	// pinned: PostgreSQL ran on CPU 0 only, the bench process and the
+	// broker on the others (pin.go), and no Poll loop ran; skipped says
+	// why it could not be.
+	pinned  bool
+	skipped string
 }
 
 type appendRound struct {
@@ -53,9 +58,19 @@ func appendPipeline(topic string) []config.Pipeline {
 // alternating; the first round's ratchet drain goes first and leaves the
 // rows the direct loop then writes in every round. With profile, or when
 // the median misses 0.8, one more drain runs under the CPU profiler; the
-// second result is its profile's top.
-func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloaded, profile bool, say func(string, ...any)) (*appendReport, []string, error) {
+// second result is its profile's top. pinned runs it all with PostgreSQL
+// on CPU 0 and this process and the broker on the others, without the
+// Poll loop and the profile.
+func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloaded, profile, pinned bool, say func(string, ...any)) (*appendReport, []string, error) {
 	const topic = "orders-json"
+	if pinned {
+		p, err := pinCPUs(env.brokerPID, 0)
+		if err != nil {
+			return nil, nil, &pinError{err}
+		}
+		defer p.undo()
+		say("(j2) pinned: PostgreSQL on CPU 0, this process and the broker on the others")
+	}
 	if !preloaded {
 		start := time.Now()
 		if err := preloadOrders(ctx, env.brokers, topic, m, func(o benchOrder) ([]byte, error) { return json.Marshal(o) }); err != nil {
@@ -161,7 +176,7 @@ func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloade
 			r, run.Rate(), run.Wall.Round(time.Millisecond), run.cpuLine(), run.ratchetPer100k(), run.pgPer100k(), run.pgServerPer100k())
 		return run, nil
 	}
-	rep := &appendReport{orders: m}
+	rep := &appendReport{orders: m, pinned: pinned}
 	for r := 1; r <= rounds; r++ {
 		var x appendRound
 		var err error
@@ -177,6 +192,10 @@ func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloade
 		if err != nil {
 			return nil, nil, err
 		}
+		if pinned {
+			rep.rounds = append(rep.rounds, x)
+			continue
+		}
 		d, err := pollDecode(ctx, env, topic, "json", nil, m)
 		if err != nil {
 			return nil, nil, fmt.Errorf("round %d (j2) bare Poll loop: %w", r, err)
@@ -187,7 +206,7 @@ func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloade
 		rep.rounds = append(rep.rounds, x)
 	}
 	ratio := median(rep.ratios())
-	if !profile && ratio >= 0.8 {
+	if pinned || !profile && ratio >= 0.8 {
 		return rep, nil, nil
 	}
 	p := env.outPath("cpu-append.pprof")
@@ -209,8 +228,16 @@ func (s *appendReport) ratios() []float64 {
 
 // rows adds the section's rows to the results table.
 func (s *appendReport) rows(row func(cells ...string)) {
+	if s != nil && s.skipped != "" {
+		row("(j2) pinned", "skipped: "+s.skipped, "", "")
+		return
+	}
 	if s == nil || len(s.rounds) == 0 {
 		return
+	}
+	l := "(j2)"
+	if s.pinned {
+		l = "(j2, PostgreSQL pinned to CPU 0, the rest to the others)"
 	}
 	series := func(f func(appendRound) float64, format string) (string, float64) {
 		var xs []float64
@@ -229,11 +256,14 @@ func (s *appendReport) rows(row func(cells ...string)) {
 	rat := func(r appendRound) pgRun { return r.ratchet }
 	dir := func(r appendRound) pgRun { return r.direct }
 	rs, v := series(func(r appendRound) float64 { return r.ratchet.Rate() }, "%.0f")
-	row(fmt.Sprintf("(j2) exactly-once append pipeline (COPY), %d JSON orders", s.orders), fmt.Sprintf("%.0f records/s (rounds: %s); ratchet %s", v, rs, cpu(rat)), "", "")
+	row(fmt.Sprintf(l+" exactly-once append pipeline (COPY), %d JSON orders", s.orders), fmt.Sprintf("%.0f records/s (rounds: %s); ratchet %s", v, rs, cpu(rat)), "", "")
 	rs, v = series(func(r appendRound) float64 { return r.direct.Rate() }, "%.0f")
-	row("(j2) direct pgx CopyFrom loop, the same rows, connections and rows per transaction", fmt.Sprintf("%.0f records/s (rounds: %s); loop %s", v, rs, cpu(dir)), "", "")
+	row(l+" direct pgx CopyFrom loop, the same rows, connections and rows per transaction", fmt.Sprintf("%.0f records/s (rounds: %s); loop %s", v, rs, cpu(dir)), "", "")
 	rs, v = series(func(r appendRound) float64 { return r.ratchet.Rate() / r.direct.Rate() }, "%.2f")
-	row("(j2) append pipeline / direct CopyFrom", fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.8", passMiss(v >= 0.8))
+	row(l+" append pipeline / direct CopyFrom", fmt.Sprintf("%.2f (rounds: %s)", v, rs), "≥ 0.8", passMiss(v >= 0.8))
+	if s.pinned {
+		return
+	}
 	// What the machine leaves: a consumer of this client that reads these
 	// records cannot append them faster than it reads them, nor take less
 	// CPU per record than reading them takes.
@@ -254,6 +284,9 @@ func (s *appendReport) rows(row func(cells ...string)) {
 func (s *appendReport) method() string {
 	if s == nil || len(s.rounds) == 0 {
 		return ""
+	}
+	if s.pinned {
+		return fmt.Sprintf("- (j2) pinned: the same %d pairs of drains once more with PostgreSQL pinned to CPU 0 and this process and the broker to the other CPUs, as (l) pinned, without the Poll loop: PostgreSQL has the same CPU in the pipeline's runs as in the direct loop's, as with the engine on a machine of its own.\n", len(s.rounds))
 	}
 	return fmt.Sprintf("- Append (j2): %d rounds, each an exactly-once drain (fresh group, records/s from the first record applied to the last; CPU-seconds per 100,000 records of this process, the engine's or the loop's, and of the bench database's PostgreSQL backends, measured as in (l)) of the %d JSON orders of `orders-json` by an append pipeline of seven columns (partition, offset, key, status, customer, amount, timestamp) into `%s`, and a direct loop writing the same rows (read back from the first drain) with pgx `CopyFrom`: one writer per partition (12), a pool of the engine's default size, the engine's rows per transaction (`processing.batch_size`), each batch in its own transaction; the order alternates between rounds, the row count is checked after each, and the median is reported. The direct loop reads no Kafka and evaluates no CEL: the ratio is what the pipeline costs over the COPY alone. After each pair, a bare confluent-kafka-go Poll loop (as in (l): ratchet's consumer settings, all 12 partitions assigned, no commits) reads the same records and decodes `status` and `amount` with valyala/fastjson, writing nothing: where its rate is below 0.8 of the direct loop's, or its CPU per record above what the cores leave the pipeline at 0.8 of that rate (less PostgreSQL's and the broker's in the pipeline's runs, as in (l)'s budget rows), no consumer of this client meets the target on this machine. Before each timed run that writes, a `CHECKPOINT` writes out what earlier runs left dirty, so no run pays for another's pages or meets a checkpoint that max_wal_size sets off.\n",
 		len(s.rounds), s.orders, appendTable)

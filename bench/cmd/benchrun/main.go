@@ -170,7 +170,7 @@ func run(ctx context.Context) error {
 	// share of it was up to a third start-up work (sixteen backends
 	// forked, authenticated, their caches and functions loaded), not rows.
 	flag.Int64Var(&o.pgRateRecords, "pg-rate-records", 400_000, "orders per format of the PostgreSQL-rate section (l)")
-	flag.BoolVar(&o.pgRatePin, "pg-rate-pin", true, "run section (l) a second time with PostgreSQL pinned to CPU 0 and the client and broker to the other CPUs (needs root and 2+ CPUs; skipped with a note otherwise)")
+	flag.BoolVar(&o.pgRatePin, "pg-rate-pin", true, "run sections (l) and (j2) a second time with PostgreSQL pinned to CPU 0 and the client and broker to the other CPUs (needs root and 2+ CPUs; skipped with a note otherwise)")
 	flag.StringVar(&o.pgRateTx, "pg-rate-tx", "", "rows per transaction at which (l) runs its direct JSON upsert loop once more, e.g. 500,2000,5000 (empty: none)")
 	flag.Int64Var(&o.pipelineOrders, "pipeline-orders", 200_000, "orders of each upsert pipeline drain (j)")
 	flag.Parse()
@@ -278,10 +278,13 @@ func run(ctx context.Context) error {
 	}
 	if o.onlyAppend {
 		var profiles []string
-		if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, false, o.forceProfile, say); err != nil {
+		if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, false, o.forceProfile, false, say); err != nil {
 			return err
 		}
 		rep.profiles = append(rep.profiles, profiles...)
+		if err := runAppendPinned(ctx, env, o, rep, say); err != nil {
+			return err
+		}
 		return rep.write(began, say)
 	}
 	if o.onlyPoison {
@@ -482,10 +485,13 @@ func run(ctx context.Context) error {
 	// on the JSON orders (j) preloaded.
 	{
 		var profiles []string
-		if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, o.forceProfile, say); err != nil {
+		if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, o.forceProfile, false, say); err != nil {
 			return err
 		}
 		rep.profiles = append(rep.profiles, profiles...)
+		if err := runAppendPinned(ctx, env, o, rep, say); err != nil {
+			return err
+		}
 	}
 	// 5d3. 1 % of the JSON orders refused by the pipeline, taken out of
 	// their batches (and split, for reference) against the clean drain.
@@ -643,23 +649,34 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// runPGRatePinned runs section (l) again with PostgreSQL pinned (pin.go)
-// when -pg-rate-pin; a machine where pinning cannot be done (one CPU, no
-// permission) gets a note instead of the rows.
+// runAppendPinned runs section (j2) again with PostgreSQL pinned (pin.go).
+func runAppendPinned(ctx context.Context, env *benchEnv, o options, rep *report, say func(string, ...any)) error {
+	return pinnedSection(o, "(j2)", say, func() (err error) {
+		rep.appendSinkPinned, _, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, false, true, say)
+		return err
+	}, func(why string) { rep.appendSinkPinned = &appendReport{pinned: true, skipped: why} })
+}
+
+// runPGRatePinned runs section (l) again with PostgreSQL pinned (pin.go).
 func runPGRatePinned(ctx context.Context, env *benchEnv, o options, rep *report, say func(string, ...any)) error {
+	return pinnedSection(o, "(l)", say, func() (err error) {
+		rep.pgRatePinned, _, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, nil, false, true, say)
+		return err
+	}, func(why string) { rep.pgRatePinned = &pgRateReport{pinned: true, skipped: why} })
+}
+
+// pinnedSection runs a section again with PostgreSQL pinned when
+// -pg-rate-pin: run does it; a machine where pinning cannot be done (one
+// CPU, no permission) gets skipped's note instead of the rows.
+func pinnedSection(o options, section string, say func(string, ...any), run func() error, skipped func(why string)) error {
 	if !o.pgRatePin {
 		return nil
 	}
-	r, _, err := runPGRate(ctx, env, o.pgRateRecords, o.rounds, nil, false, true, say)
-	var pinErr *pinError
-	switch {
-	case errors.As(err, &pinErr):
-		say("(l) pinned: skipped: %v", err)
-		rep.pgRatePinned = &pgRateReport{pinned: true, skipped: err.Error()}
+	err := run()
+	if pinErr := (*pinError)(nil); errors.As(err, &pinErr) {
+		say("%s pinned: skipped: %v", section, err)
+		skipped(err.Error())
 		return nil
-	case err != nil:
-		return err
 	}
-	rep.pgRatePinned = r
-	return nil
+	return err
 }

@@ -47,9 +47,11 @@ type report struct {
 	tracing    *tracingReport   // the tracing section (issue 26)
 	pipelines  *pipelinesReport // the configured-pipelines section (issue 25)
 	appendSink *appendReport    // the append section (j2)
-	poisoned   *poisonReport    // the poison section (j3)
-	kill       *killReport      // the restart-after-kill -9 section (issue 32)
-	pgRate     *pgRateReport    // the PostgreSQL-rate section (l, issue 33)
+	// appendSinkPinned is section (j2) again with PostgreSQL pinned to CPU 0.
+	appendSinkPinned *appendReport
+	poisoned         *poisonReport // the poison section (j3)
+	kill             *killReport   // the restart-after-kill -9 section (issue 32)
+	pgRate           *pgRateReport // the PostgreSQL-rate section (l, issue 33)
 	// pgRatePinned is section (l) again with PostgreSQL pinned to CPU 0.
 	pgRatePinned *pgRateReport
 }
@@ -106,6 +108,7 @@ func (r *report) table() string {
 	}
 	if r.opts.onlyAppend {
 		r.appendSink.rows(row)
+		r.appendSinkPinned.rows(row)
 		return sb.String()
 	}
 	if r.opts.onlyPoison {
@@ -200,6 +203,7 @@ func (r *report) table() string {
 	r.tracing.rows(row)
 	r.pipelines.rows(row)
 	r.appendSink.rows(row)
+	r.appendSinkPinned.rows(row)
 	r.pgRate.rows(row)
 	r.pgRatePinned.rows(row)
 	r.poisoned.rows(row)
@@ -317,6 +321,7 @@ func (r *report) markdown(table string) string {
 	sb.WriteString(r.tracing.method())
 	sb.WriteString(r.pipelines.method())
 	sb.WriteString(r.appendSink.method())
+	sb.WriteString(r.appendSinkPinned.method())
 	sb.WriteString(r.pgRate.method())
 	sb.WriteString(r.pgRatePinned.method())
 	sb.WriteString(r.poisoned.method())
