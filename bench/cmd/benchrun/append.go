@@ -99,7 +99,7 @@ func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloade
 			return pgRun{}, err
 		}
 		pg := measurePG(env)
-		d, err := drainRatchet(ctx, env, topic, fmt.Sprintf("bench-j2-append-%d", r), config.ModeExactlyOnce, nil, m, profile,
+		d, err := drainRatchet(ctx, env, topic, fmt.Sprintf("bench-j2-append-%d-%d", r, time.Now().UnixNano()), config.ModeExactlyOnce, nil, m, profile,
 			func(c *config.Config) { c.Pipelines = appendPipeline(topic) })
 		run := pgRun{drainResult: d}
 		run.pgCPU, run.pgServer = pg()
