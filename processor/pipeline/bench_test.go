@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/cel-go/interpreter"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"ratchet/config"
@@ -41,24 +40,31 @@ pipelines:
       aggregates: { orders: count, revenue: sum(double(value.amount)), biggest: max(double(value.amount)), smallest: min(double(value.amount)) }
 `
 
+// compileYAML compiles the pipelines of a configuration file holding yaml.
+func compileYAML(tb testing.TB, yaml string) *Set {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), "ratchet.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	set, err := Compile(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return set
+}
+
 // BenchmarkCollect is the CEL cost per record: building the activation and
 // evaluating the issue's two pipelines (a where, an upsert of a key and
 // three columns, a rollup of a time, a group and four aggregates) on one
 // decoded JSON order, without the database. The figure per op is per
 // record, both pipelines together.
 func BenchmarkCollect(b *testing.B) {
-	path := filepath.Join(b.TempDir(), "ratchet.yaml")
-	if err := os.WriteFile(path, []byte(benchYAML), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := config.Load(path, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	set, err := Compile(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	set := compileYAML(b, benchYAML)
 	p := New(set, &Schema{tables: map[int]*table{}}, nil)
 	recs := make([]processor.Record, 1000)
 	for i := range recs {
@@ -81,8 +87,8 @@ func BenchmarkCollect(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		rec := &recs[i%len(recs)]
-		var act interpreter.Activation
-		if act, err = activation(context.Background(), rec, "json", set.adapter); err != nil {
+		act, err := activation(context.Background(), rec, "json", set.adapter)
+		if err != nil {
 			b.Fatal(err)
 		}
 		for _, st := range states {
@@ -138,18 +144,7 @@ func BenchmarkCollectDashboard(b *testing.B) {
 // the fields an order carries that the pipelines do not read (items, an
 // address, notes).
 func BenchmarkDecodeEvaluate(b *testing.B) {
-	path := filepath.Join(b.TempDir(), "ratchet.yaml")
-	if err := os.WriteFile(path, []byte(benchYAML), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := config.Load(path, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	set, err := Compile(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	set := compileYAML(b, benchYAML)
 	p := New(set, &Schema{tables: map[int]*table{}}, nil)
 	docs := map[string]func(i int) string{
 		"order": func(i int) string {
@@ -213,18 +208,7 @@ func BenchmarkDecodeEvaluate(b *testing.B) {
 // order: the full decoder, and the topic's decoder of benchYAML (which
 // reads status, amount, ts, customer.id and customer.country).
 func BenchmarkDecode(b *testing.B) {
-	path := filepath.Join(b.TempDir(), "ratchet.yaml")
-	if err := os.WriteFile(path, []byte(benchYAML), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := config.Load(path, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	set, err := Compile(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	set := compileYAML(b, benchYAML)
 	value := []byte(`{"id":"o1","status":"new","amount":12.25,"currency":"EUR","ts":"2026-12-01T09:01:00Z",` +
 		`"customer":{"id":"c1","country":"c1","name":"Customer 1","email":"c1@example.com","tier":"gold"},` +
 		`"items":[{"sku":"s1","qty":2,"price":10.5},{"sku":"s2","qty":1,"price":1.75},{"sku":"s3","qty":3,"price":1.25}],` +
@@ -262,18 +246,7 @@ pipelines:
       table: order_log
       columns: { part: record.partition, off: record.offset, order_id: string(record.key), status: value.status, customer: value.customer.id, amount: value.amount, at: record.timestamp }
 `
-	path := filepath.Join(b.TempDir(), "ratchet.yaml")
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := config.Load(path, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	set, err := Compile(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	set := compileYAML(b, yaml)
 	// The bench's table (make bench (j2)), so that each column converts
 	// to its own kind.
 	p := New(set, &Schema{tables: map[int]*table{0: {ident: "order_log", types: map[string]string{

@@ -2,15 +2,12 @@ package pipeline
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/cel-go/common/types/ref"
 
-	"ratchet/config"
 	"ratchet/processor"
 )
 
@@ -143,18 +140,7 @@ pipelines:
       table: events
       columns: { body: value, at: record.timestamp }
 `
-	path := filepath.Join(t.TempDir(), "ratchet.yaml")
-	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := Compile(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := compileYAML(t, yaml)
 	got := set.reads["orders"].paths()
 	slices.Sort(got)
 	want := []string{"amount", "customer.country", "customer.id", "id", "items", "meta.version", "status", "ts"}
