@@ -64,12 +64,11 @@ func appendPipeline(topic string) []config.Pipeline {
 func runAppend(ctx context.Context, env *benchEnv, m int64, rounds int, preloaded, profile, pinned bool, say func(string, ...any)) (*appendReport, []string, error) {
 	const topic = "orders-json"
 	if pinned {
-		p, err := pinCPUs(env.brokerPID, 0)
+		p, err := pinSection(env, "(j2)", say)
 		if err != nil {
-			return nil, nil, &pinError{err}
+			return nil, nil, err
 		}
 		defer p.undo()
-		say("(j2) pinned: PostgreSQL on CPU 0, this process and the broker on the others")
 	}
 	if !preloaded {
 		start := time.Now()

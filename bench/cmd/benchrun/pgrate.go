@@ -318,12 +318,11 @@ type pgRateRows struct {
 // runPGRate measures the section on n records of each format.
 func runPGRate(ctx context.Context, env *benchEnv, n int64, rounds int, txSizes []int, profile, pinned bool, say func(string, ...any)) (*pgRateReport, []string, error) {
 	if pinned {
-		p, err := pinCPUs(env.brokerPID, 0)
+		p, err := pinSection(env, "(l)", say)
 		if err != nil {
-			return nil, nil, &pinError{err}
+			return nil, nil, err
 		}
 		defer p.undo()
-		say("(l) pinned: PostgreSQL on CPU 0, this process and the broker on the others")
 	}
 	avroSchema, err := avro.Parse(pgOrderAvroSchema)
 	if err != nil {

@@ -35,6 +35,18 @@ type pinning struct {
 	pids []int // processes whose every thread was pinned
 }
 
+// pinSection pins for a section's pinned pass (pinCPUs: PostgreSQL to CPU
+// 0, this process and the broker to the others) and says so; the caller
+// undoes it. A failure is a *pinError.
+func pinSection(env *benchEnv, section string, say func(string, ...any)) (*pinning, error) {
+	p, err := pinCPUs(env.brokerPID, 0)
+	if err != nil {
+		return nil, &pinError{err}
+	}
+	say("%s pinned: PostgreSQL on CPU 0, this process and the broker on the others", section)
+	return p, nil
+}
+
 // pinCPUs pins the local PostgreSQL server to CPU pgCPU and this process
 // and the broker (brokerPID, 0: none) to every other CPU. It needs
 // permission to set another user's affinity (root) and two CPUs or more.
