@@ -162,7 +162,8 @@ func appendZeroPadded(b []byte, v, width int) []byte {
 
 // appendCopyEscaped escapes what COPY's text format reads specially:
 // backslash, newline, carriage return and tab. Runs without them are
-// copied whole.
+// copied whole. The scan is by hand: strings.IndexAny builds its byte set
+// on every call, and took the bench's row from 129 to 168 ns.
 func appendCopyEscaped(b []byte, s string) []byte {
 	for {
 		i := 0

@@ -266,23 +266,13 @@ func run(ctx context.Context) error {
 		}
 	}
 	if o.onlyPGRate {
-		var profiles []string
-		if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, pgRateTx, o.forceProfile, false, say); err != nil {
-			return err
-		}
-		rep.profiles = append(rep.profiles, profiles...)
-		if err := runPGRatePinned(ctx, env, o, rep, say); err != nil {
+		if err := pgRateSection(ctx, env, o, rep, pgRateTx, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
 	}
 	if o.onlyAppend {
-		var profiles []string
-		if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, false, o.forceProfile, false, say); err != nil {
-			return err
-		}
-		rep.profiles = append(rep.profiles, profiles...)
-		if err := runAppendPinned(ctx, env, o, rep, say); err != nil {
+		if err := appendSection(ctx, env, o, rep, false, say); err != nil {
 			return err
 		}
 		return rep.write(began, say)
@@ -483,15 +473,8 @@ func run(ctx context.Context) error {
 	}
 	// 5d2. An append pipeline (COPY) against a direct pgx CopyFrom loop,
 	// on the JSON orders (j) preloaded.
-	{
-		var profiles []string
-		if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, o.forceProfile, false, say); err != nil {
-			return err
-		}
-		rep.profiles = append(rep.profiles, profiles...)
-		if err := runAppendPinned(ctx, env, o, rep, say); err != nil {
-			return err
-		}
+	if err := appendSection(ctx, env, o, rep, true, say); err != nil {
+		return err
 	}
 	// 5d3. 1 % of the JSON orders refused by the pipeline, taken out of
 	// their batches (and split, for reference) against the clean drain.
@@ -501,15 +484,8 @@ func run(ctx context.Context) error {
 
 	// 5d3. Against PostgreSQL's own rate (issue 33): upsert pipelines
 	// against a direct pgx loop, rollups against a bare Poll loop.
-	{
-		var profiles []string
-		if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, pgRateTx, o.forceProfile, false, say); err != nil {
-			return err
-		}
-		rep.profiles = append(rep.profiles, profiles...)
-		if err := runPGRatePinned(ctx, env, o, rep, say); err != nil {
-			return err
-		}
+	if err := pgRateSection(ctx, env, o, rep, pgRateTx, say); err != nil {
+		return err
 	}
 
 	// 5e. Restart after kill -9 (issue 32), with and without
@@ -649,16 +625,32 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// runAppendPinned runs section (j2) again with PostgreSQL pinned (pin.go).
-func runAppendPinned(ctx context.Context, env *benchEnv, o options, rep *report, say func(string, ...any)) error {
+// appendSection runs section (j2) on o.pipelineOrders JSON orders (preloaded
+// or not), profiles it when it misses or -profile asks, then runs it again
+// with PostgreSQL pinned (pin.go).
+func appendSection(ctx context.Context, env *benchEnv, o options, rep *report, preloaded bool, say func(string, ...any)) error {
+	var profiles []string
+	var err error
+	if rep.appendSink, profiles, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, preloaded, o.forceProfile, false, say); err != nil {
+		return err
+	}
+	rep.profiles = append(rep.profiles, profiles...)
 	return pinnedSection(o, "(j2)", say, func() (err error) {
 		rep.appendSinkPinned, _, err = runAppend(ctx, env, o.pipelineOrders, o.rounds, true, false, true, say)
 		return err
 	}, func(why string) { rep.appendSinkPinned = &appendReport{pinned: true, skipped: why} })
 }
 
-// runPGRatePinned runs section (l) again with PostgreSQL pinned (pin.go).
-func runPGRatePinned(ctx context.Context, env *benchEnv, o options, rep *report, say func(string, ...any)) error {
+// pgRateSection runs section (l), with the direct loop once more at each of
+// txSizes rows per transaction, profiles it as appendSection does, then
+// runs it again with PostgreSQL pinned (pin.go).
+func pgRateSection(ctx context.Context, env *benchEnv, o options, rep *report, txSizes []int, say func(string, ...any)) error {
+	var profiles []string
+	var err error
+	if rep.pgRate, profiles, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, txSizes, o.forceProfile, false, say); err != nil {
+		return err
+	}
+	rep.profiles = append(rep.profiles, profiles...)
 	return pinnedSection(o, "(l)", say, func() (err error) {
 		rep.pgRatePinned, _, err = runPGRate(ctx, env, o.pgRateRecords, o.rounds, nil, false, true, say)
 		return err
